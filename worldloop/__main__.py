@@ -1,0 +1,5 @@
+import sys
+
+from worldloop.cli import main
+
+sys.exit(main())

@@ -1,0 +1,306 @@
+"""One typed configuration for every stage of worldloop.
+
+The schema is a tree of dataclasses: :class:`Config` at the root, one section per component
+(each section lives next to the code that reads it, LeRobot style). A run's configuration is
+built in three layers, each validated the same way:
+
+    defaults of the dataclasses  <-  a YAML preset  <-  dotted overrides (``sim.image_size=128``)
+
+Every key is checked against the schema: an unknown key or a value of the wrong type stops with
+a :class:`ConfigError` that names the key and what is allowed. Field documentation is the
+string literal written under each field (an attribute docstring); ``worldloop config`` prints
+it next to the resolved values.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+import types
+import typing
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+import yaml
+
+from worldloop.data.configuration import CollectConfig
+from worldloop.policies.configuration import EvalConfig, PolicyConfig, SFTConfig
+from worldloop.rewards.configuration import RewardConfig
+from worldloop.rl.configuration import RLConfig
+from worldloop.sims.configuration import ExpertConfig, SimConfig
+from worldloop.worldmodel.configuration import VAEConfig, WorldModelConfig
+
+DEFAULT_PRESET = "tiny-cpu"
+CONFIG_FILENAME = "config.yaml"
+
+
+class ConfigError(ValueError):
+    """A configuration key or value that the schema does not accept."""
+
+
+@dataclass
+class Config:
+    """The whole configuration of a worldloop run."""
+
+    preset: str = DEFAULT_PRESET
+    """Name of the preset these values started from (informational; set by the loader)."""
+    seed: int = 0
+    """Global random seed: simulator seeds, initialisation and sampling derive from it."""
+    device: str = "auto"
+    """Torch device for models: 'auto' (cuda when available, else cpu), 'cpu', 'cuda', 'cuda:1'..."""
+    sim: SimConfig = field(default_factory=SimConfig)
+    """The real simulator."""
+    expert: ExpertConfig = field(default_factory=ExpertConfig)
+    """Scripted experts used to collect demonstrations."""
+    collect: CollectConfig = field(default_factory=CollectConfig)
+    """Trajectory collection."""
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """The compact VLA policy."""
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    """Supervised fine-tuning of the policy."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Real-simulator evaluation."""
+    vae: VAEConfig = field(default_factory=VAEConfig)
+    """The video VAE of the world model."""
+    world_model: WorldModelConfig = field(default_factory=WorldModelConfig)
+    """The action-conditioned video diffusion world model."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Success judges (classifier, TOPReward)."""
+    rl: RLConfig = field(default_factory=RLConfig)
+    """Reinforcement learning in imagination."""
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+
+
+def preset_names() -> list[str]:
+    """Names of the presets shipped inside the package."""
+    folder = resources.files("worldloop") / "presets"
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def read_preset(name_or_path: str | Path) -> dict[str, Any]:
+    """The raw mapping of a preset: a shipped preset's name or a path to a YAML file."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"preset file {path} does not exist")
+        text, where = path.read_text(), str(path)
+    else:
+        if str(name_or_path) not in preset_names():
+            raise ConfigError(f"unknown preset '{name_or_path}'; allowed: {', '.join(preset_names())} or a path to a .yaml file")
+        text = (resources.files("worldloop") / "presets" / f"{name_or_path}.yaml").read_text()
+        where = f"preset {name_or_path}"
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{where} is not valid YAML: {error}") from error
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must hold a mapping of config keys, got {type(data).__name__}")
+    return data
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """``["sim.image_size=128", "rl.lr=3e-5"]`` -> nested mapping, values parsed as YAML scalars."""
+    nested: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override '{item}' must look like section.key=value")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as error:
+            raise ConfigError(f"override '{item}': cannot parse value: {error}") from error
+        node = nested
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override '{item}' sets inside '{part}', which is a value, not a section")
+        node[parts[-1]] = value
+    return nested
+
+
+def load_config(preset: str | Path = DEFAULT_PRESET, overrides: list[str] | None = None) -> Config:
+    """Defaults <- preset <- overrides, validated against the schema."""
+    data = deep_merge(read_preset(preset), parse_overrides(overrides or []))
+    data.setdefault("preset", Path(preset).stem if Path(preset).suffix else str(preset))
+    return from_dict(Config, data)
+
+
+def load_saved_config(path: str | Path) -> Config:
+    """Read a ``config.yaml`` written by :func:`save_config` (a run folder or the file itself)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / CONFIG_FILENAME
+    if not path.is_file():
+        raise ConfigError(f"no saved config at {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path} is not valid YAML: {error}") from error
+    return from_dict(Config, data)
+
+
+def save_config(config: Any, folder: str | Path) -> Path:
+    """Write the resolved config next to an output, atomically, as ``folder/config.yaml``."""
+    from worldloop.utils.io import atomic_write_text
+
+    path = Path(folder) / CONFIG_FILENAME
+    atomic_write_text(path, to_yaml(config))
+    return path
+
+
+def to_yaml(config: Any) -> str:
+    return yaml.safe_dump(dataclasses.asdict(config), sort_keys=False)
+
+
+def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+# --------------------------------------------------------------------------------------------
+# Validation: mapping -> dataclass, with errors that name the key
+
+
+def from_dict(cls: type, data: Any, path: str = "") -> Any:
+    """Build dataclass ``cls`` from a mapping, checking every key and value."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"'{path or 'config'}' must be a mapping of keys, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        where = f"{path}{key}"
+        if key not in names:
+            raise ConfigError(f"unknown config key '{where}'; allowed keys{' in ' + path.rstrip('.') if path else ''}: {', '.join(names)}")
+        kwargs[key] = convert(hints[key], value, where)
+    instance = cls(**kwargs)
+    check = getattr(instance, "validate", None)
+    if check is not None:
+        try:
+            check()
+        except ValueError as error:
+            raise ConfigError(f"{path.rstrip('.') or 'config'}: {error}") from error
+    return instance
+
+
+def convert(hint: Any, value: Any, where: str) -> Any:
+    """Check ``value`` against type ``hint`` (coercing int -> float, lists -> tuples)."""
+    origin, args = get_origin(hint), get_args(hint)
+    if dataclasses.is_dataclass(hint):
+        return from_dict(hint, value, where + ".")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"config key '{where}' = {value!r} is not allowed; allowed values: {', '.join(map(repr, args))}")
+        return value
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for option in (a for a in args if a is not type(None)):
+            try:
+                return convert(option, value, where)
+            except ConfigError as error:
+                errors.append(str(error))
+        raise ConfigError(f"config key '{where}' = {value!r} matches none of {describe(hint)}")
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"config key '{where}' must be a list ({describe(hint)}), got {value!r}")
+        item_hint = args[0] if args else Any
+        items = [convert(item_hint, v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if hint is Any:
+        return value
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"config key '{where}' must be a number, got {value!r}")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"config key '{where}' must be an integer, got {value!r}")
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"config key '{where}' must be true or false, got {value!r}")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"config key '{where}' must be a string, got {value!r}")
+    raise ConfigError(f"config key '{where}': unsupported type {hint!r} in the schema")
+
+
+def describe(hint: Any) -> str:
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is Literal:
+        return "one of " + ", ".join(map(repr, args))
+    if origin in (Union, types.UnionType):
+        return " or ".join(describe(a) for a in args)
+    if origin in (list, tuple):
+        return f"list of {describe(args[0])}" if args else "list"
+    return "null" if hint is type(None) else getattr(hint, "__name__", str(hint))
+
+
+# --------------------------------------------------------------------------------------------
+# Documentation: attribute docstrings
+
+
+@cache
+def field_docs(cls: type) -> dict[str, str]:
+    """The string literal written under each field of dataclass ``cls``."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for node, following in zip(body, body[1:]):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+            and isinstance(following.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(following.value.value.split())
+    return docs
+
+
+def explain(config: Any, prefix: str = "") -> list[str]:
+    """Lines ``key = value  # doc`` for every leaf of the config tree."""
+    lines = []
+    docs = field_docs(type(config))
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            lines.append(f"# {prefix}{f.name}: {docs.get(f.name, '')}")
+            lines.extend(explain(value, f"{prefix}{f.name}."))
+        else:
+            lines.append(f"{prefix}{f.name} = {value!r}  # {docs.get(f.name, '')}")
+    return lines
+
+
+def missing_docs(cls: type = Config, prefix: str = "") -> list[str]:
+    """Fields without a docstring (the test suite keeps this empty)."""
+    missing = []
+    docs = field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if not docs.get(f.name):
+            missing.append(prefix + f.name)
+        if dataclasses.is_dataclass(hints[f.name]):
+            missing.extend(missing_docs(hints[f.name], f"{prefix}{f.name}."))
+    return missing

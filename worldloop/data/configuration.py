@@ -1,0 +1,19 @@
+"""Configuration of trajectory collection."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class CollectConfig:
+    """Collecting trajectories in the real simulator into a LeRobot v3 dataset."""
+
+    episodes_per_task: int = 5
+    """Episodes recorded for every task of the suite."""
+    num_envs: int = 4
+    """Environments stepped together (spread over `sim.num_workers` processes)."""
+    noisy_fraction: float = 0.5
+    """Fraction of each task's episodes collected with the noisy expert (`expert.*`); the rest are clean."""
+    fps: int = 20
+    """Frame rate recorded in the dataset and its videos."""

@@ -1,0 +1,117 @@
+"""Training checkpoints that are written atomically and resume exactly.
+
+A checkpoint is a folder ``RUN/checkpoints/step_000100/`` holding, per module, a safetensors file
+of its weights, and one ``state.pt`` (optimizer, scheduler and RNG states, the step and any small
+extras). The folder is built under a temporary name and renamed in one step, then ``latest`` is
+rewritten atomically to point at it: a crash at any moment leaves the previous checkpoint usable.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from worldloop.utils.io import atomic_dir, atomic_write_text
+
+CHECKPOINTS = "checkpoints"
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    modules: dict[str, torch.nn.Module],
+    stateful: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+    keep: int = 2,
+) -> Path:
+    """Save weights of ``modules``, ``state_dict()`` of ``stateful`` (optimizers, schedulers,
+    generators) and ``extra`` at ``step``; keep the newest ``keep`` checkpoints."""
+    root = Path(run_dir) / CHECKPOINTS
+    final = root / f"step_{step:09d}"
+    with atomic_dir(final) as tmp:
+        for name, module in modules.items():
+            tensors = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+            save_file(_untie(tensors), tmp / f"{name}.safetensors")
+        torch.save(
+            {
+                "step": step,
+                "stateful": {k: v.state_dict() if hasattr(v, "state_dict") else v.get_state() for k, v in (stateful or {}).items()},
+                "rng": rng_state(),
+                "extra": extra or {},
+            },
+            tmp / "state.pt",
+        )
+    atomic_write_text(root / "latest", final.name + "\n")
+    for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint of a run, or None."""
+    root = Path(run_dir) / CHECKPOINTS
+    pointer = root / "latest"
+    if pointer.is_file():
+        candidate = root / pointer.read_text().strip()
+        if (candidate / "state.pt").is_file():
+            return candidate
+    complete = sorted(p for p in root.glob("step_*") if (p / "state.pt").is_file())
+    return complete[-1] if complete else None
+
+
+def load_checkpoint(
+    path: str | Path,
+    modules: dict[str, torch.nn.Module],
+    stateful: dict[str, Any] | None = None,
+    restore_rng: bool = True,
+) -> tuple[int, dict[str, Any]]:
+    """Restore what :func:`save_checkpoint` wrote; returns (step, extra)."""
+    path = Path(path)
+    for name, module in modules.items():
+        file = path / f"{name}.safetensors"
+        if not file.is_file():
+            raise FileNotFoundError(f"checkpoint {path} has no weights for '{name}' ({file.name})")
+        module.load_state_dict(load_file(file, device="cpu"))
+    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    for name, obj in (stateful or {}).items():
+        if name not in state["stateful"]:
+            raise KeyError(f"checkpoint {path} has no state for '{name}'")
+        if hasattr(obj, "load_state_dict"):
+            obj.load_state_dict(state["stateful"][name])
+        else:
+            obj.set_state(state["stateful"][name])
+    if restore_rng:
+        set_rng_state(state["rng"])
+    return int(state["step"]), state["extra"]
+
+
+def _untie(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors refuses tensors that share memory (tied weights): give each its own copy."""
+    seen: set[int] = set()
+    out = {}
+    for key, tensor in tensors.items():
+        ptr = tensor.untyped_storage().data_ptr() if tensor.numel() else -1
+        out[key] = tensor.clone() if ptr in seen else tensor
+        seen.add(ptr)
+    return out

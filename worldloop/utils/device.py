@@ -1,0 +1,20 @@
+"""Choosing the torch device and precision."""
+
+from __future__ import annotations
+
+import torch
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """'auto' -> cuda when available, else cpu; anything else is passed to torch.device."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device '{name}' was asked for but torch sees no CUDA device")
+    return device
+
+
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """bf16 autocast on GPU, full precision on CPU (CPU bf16 is slow and changes results)."""
+    return torch.bfloat16 if device.type == "cuda" else None
