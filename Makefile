@@ -25,13 +25,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	@touch $@
 
-render-deps:
-	@if ldconfig -p | grep -q 'libEGL.so.1' && ldconfig -p | grep -q 'libGL.so.1'; then :; \
+render-deps: $(VENV)/.installed
+	@if $(PY) -c "import mujoco; c = mujoco.GLContext(16, 16); c.make_current(); c.free()" 2>/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  echo "installing EGL/OpenGL libraries for headless MuJoCo rendering"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libegl1 libgl1 libegl-mesa0 >/dev/null; \
+	  echo "installing EGL/OpenGL libraries for headless MuJoCo rendering (libegl1 libgl1 libegl-mesa0 libgl1-mesa-dri)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libegl1 libgl1 libegl-mesa0 libgl1-mesa-dri >/dev/null; \
+	  $(PY) -c "import mujoco; c = mujoco.GLContext(16, 16); c.make_current(); c.free()" || { echo "MuJoCo still cannot open an $(MUJOCO_GL) context"; exit 1; }; \
 	else \
-	  echo "MuJoCo needs libEGL (or OSMesa) to render headless: install libegl1 libgl1 libegl-mesa0 (Debian/Ubuntu), then rerun"; exit 1; \
+	  echo "MuJoCo cannot render headless: install libegl1 libgl1 libegl-mesa0 libgl1-mesa-dri (Debian/Ubuntu) as root, then rerun"; exit 1; \
 	fi
 
 demo: $(VENV)/.installed render-deps

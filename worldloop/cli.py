@@ -9,12 +9,24 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 from worldloop.config import DEFAULT_PRESET, ConfigError, load_config
 
 VERBS = {
     "config": "worldloop.commands.config",
+    "collect": "worldloop.commands.collect",
+    "sft": "worldloop.commands.sft",
+    "eval": "worldloop.commands.eval",
+    "bench": "worldloop.commands.bench",
+    "train-vae": "worldloop.commands.train_vae",
+    "train-wm": "worldloop.commands.train_wm",
+    "eval-wm": "worldloop.commands.eval_wm",
+    "kir": "worldloop.commands.kir",
+    "rl": "worldloop.commands.rl",
+    "train-reward": "worldloop.commands.train_reward",
+    "calibrate-reward": "worldloop.commands.calibrate_reward",
 }
 
 
@@ -29,13 +41,22 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(verb, help=module.HELP, description=module.HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("--preset", default=DEFAULT_PRESET, help=f"preset name or YAML path (default: {DEFAULT_PRESET})")
         module.add_arguments(p)
-        p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. sim.image_size=128")
+        p.usage = f"%(prog)s [options] [key=value ...]"
+        p.epilog = "key=value: dotted config overrides anywhere on the line, e.g. sim.image_size=128 (see `worldloop config`)"
         p.set_defaults(_module=module)
     return parser
 
 
+OVERRIDE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*=.*")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    unknown = [token for token in rest if not OVERRIDE.fullmatch(token)]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)} (config overrides look like section.key=value)")
+    args.overrides = rest
     try:
         config = load_config(args.preset, args.overrides)
         return int(args._module.run(args, config) or 0)

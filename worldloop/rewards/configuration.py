@@ -1,10 +1,98 @@
-"""Configuration of the success judges."""
+"""Configuration of the success judges: the trained classifier, TOPReward and their calibration."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class ClassifierConfig:
+    """ResNet-18 success classifier on single frames (``worldloop train-reward``)."""
+
+    pretrained_backbone: str = ""
+    """Local file of torchvision ResNet-18 weights (.pth state dict or .safetensors) to start from; '' = random init."""
+    conditioning: Literal["none", "task"] = "task"
+    """'task': FiLM the image features with a learned embedding of the instruction (needed where tasks share a scene); 'none': image only."""
+    input_size: int = 64
+    """Side in pixels the frames are resized to before the network (on the device)."""
+    threshold: float = 0.5
+    """P(success) at or above which a frame counts as success; kept in the saved judge (0.5 = the seed's rounding)."""
+    steps: int = 300
+    """Optimizer steps of training."""
+    batch_size: int = 64
+    """Frames per training batch (half success, half failure: class-balanced sampling)."""
+    lr: float = 3e-4
+    """AdamW learning rate."""
+    weight_decay: float = 1e-4
+    """AdamW weight decay."""
+    held_out_fraction: float = 0.2
+    """Fraction of each task's episodes kept out of training for the metrics in RW/metrics.json."""
+    eval_every: int = 100
+    """Steps between held-out evaluations (TensorBoard) and checkpoints."""
+    augment: bool = True
+    """Train on frames degraded like world-model output: blur, colour jitter, noise, small shifts."""
+    blur_prob: float = 0.5
+    """Probability that a training frame is Gaussian-blurred (sigma drawn in [0.1, 1.5] px)."""
+    jitter: float = 0.2
+    """Strength of the random brightness, contrast and saturation change (relative, 0 = off)."""
+    noise_std: float = 0.03
+    """Std of additive Gaussian pixel noise on the [0, 1] scale (drawn per frame in [0, noise_std])."""
+    max_frames: int = 200000
+    """Cap on labelled frames held in memory (uint8); episodes beyond it are not read."""
+
+    def validate(self) -> None:
+        if self.input_size < 16 or self.steps < 1 or self.batch_size < 2 or self.eval_every < 1 or self.max_frames < 2:
+            raise ValueError("classifier: input_size >= 16, steps >= 1, batch_size >= 2, eval_every >= 1, max_frames >= 2 are required")
+        if not 0 < self.threshold < 1 or not 0 <= self.held_out_fraction < 1 or not 0 <= self.blur_prob <= 1:
+            raise ValueError("classifier: 0 < threshold < 1, 0 <= held_out_fraction < 1 and 0 <= blur_prob <= 1 are required")
+        if self.lr <= 0 or self.weight_decay < 0 or self.jitter < 0 or self.noise_std < 0:
+            raise ValueError("classifier: lr > 0 and weight_decay, jitter, noise_std >= 0 are required")
+
+
+@dataclass
+class TOPRewardConfig:
+    """TOPReward: a frozen Qwen3-VL judges a video window by log P(" True")."""
+
+    threshold: float = 0.46
+    """exp(score) = P(" True") at or above which a window counts as success (0.46 in the seed)."""
+    window: int = 16
+    """Frames per judged window (previous and current chunk); all of them reach the model."""
+    video_fps: float = 2.0
+    """Frame rate the window's timestamps claim in the prompt ('<0.2 seconds>' ...), in frames per second."""
+    max_batch: int = 32
+    """Largest number of windows in one forward pass; bigger batches are split (bounds GPU memory)."""
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    """Attention kernel transformers uses for Qwen3-VL."""
+
+    def validate(self) -> None:
+        if not 0 < self.threshold < 1 or self.window < 2 or self.window % 2 or self.video_fps <= 0 or self.max_batch < 1:
+            raise ValueError("topreward: 0 < threshold < 1, an even window >= 2, video_fps > 0 and max_batch >= 1 are required")
+
+
+@dataclass
+class CalibrateConfig:
+    """``worldloop calibrate-reward``: how far a judge can be trusted on labelled real windows."""
+
+    stride: int = 4
+    """Frames between consecutive judged windows within an episode (1 = every frame)."""
+    max_episodes: int = 200
+    """Episodes read from the dataset (spread evenly over it)."""
+    batch_size: int = 32
+    """Windows scored per judge call."""
+
+    def validate(self) -> None:
+        if self.stride < 1 or self.max_episodes < 1 or self.batch_size < 1:
+            raise ValueError("calibrate: stride, max_episodes and batch_size must be >= 1")
 
 
 @dataclass
 class RewardConfig:
-    """Success judges (filled in by the rewards issue)."""
+    """Success judges: a trained classifier and the zero-training TOPReward, with calibration."""
+
+    classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
+    """The ResNet-18 success classifier and its training."""
+    topreward: TOPRewardConfig = field(default_factory=TOPRewardConfig)
+    """The Qwen3-VL TOPReward judge."""
+    calibrate: CalibrateConfig = field(default_factory=CalibrateConfig)
+    """Calibration of any judge on labelled windows."""

@@ -1,10 +1,110 @@
-"""Configuration of reinforcement learning in imagination."""
+"""Configuration of reinforcement learning in imagination (masked GRPO / PPO) and of KIR keyframes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 
 @dataclass
 class RLConfig:
-    """RL (filled in by the RL issue)."""
+    """Masked GRPO (or PPO) on a vectorised, chunked environment: the imagined one by default."""
+
+    algorithm: Literal["grpo", "ppo"] = "grpo"
+    """'grpo': group-relative advantages, no critic. 'ppo': value head, GAE and clipped value loss."""
+    iterations: int = 100
+    """RL iterations; each collects one batch of rollouts and updates the policy on it."""
+    group_size: int = 8
+    """G: rollouts that share one initial state (GRPO's group)."""
+    num_groups: int = 8
+    """Initial states per iteration; the environment runs group_size * num_groups episodes at once."""
+    max_steps: int = 200
+    """Episode length limit in actions for the imagined environment (truncation); the real simulator keeps sim.max_steps."""
+    reward_scale: float = 5.0
+    """c in the chunk reward r = c * (R_t - R_{t-1}), R the judge's success (0 or 1)."""
+    kir_ratio: float = 0.5
+    """Fraction of imagined initial states drawn from KIR keyframes (the rest are episodes' first frames); 0 without keyframes."""
+    train_temperature: float = 1.6
+    """Sampling temperature of the policy while collecting training rollouts (old and new log-probs use it too);
+    evaluations sample like the eval verb (eval.temperature, eval.greedy)."""
+    mask_after_success: bool = True
+    """Mask every chunk after the first success (WoVR); False keeps the whole rollout in the loss (ablation)."""
+    length_normalise: bool = True
+    """Divide each trajectory's loss by its valid length, so every trajectory weighs the same; False: plain token mean."""
+    filter_groups: bool = True
+    """Drop groups whose scores are all equal (all fail or all succeed): they carry no GRPO signal."""
+    update_epochs: int = 2
+    """Passes over each rollout batch in the update."""
+    num_minibatches: int = 4
+    """Minibatches per epoch; the valid (trajectory, chunk) samples are shuffled and split into this many."""
+    lr: float = 1e-5
+    """AdamW learning rate of the policy (constant)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm (actor/grad_norm is the norm before clipping)."""
+    clip_low: float = 0.2
+    """Lower ratio clip: ratios below 1 - clip_low get no gradient when the advantage is negative."""
+    clip_high: float = 0.28
+    """Upper ratio clip (asymmetric, DAPO 'clip higher'): ratios above 1 + clip_high get no gradient for positive advantages."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus (0: none)."""
+    kl_coef: float = 0.0
+    """Weight of a KL penalty towards the starting policy (k3 estimator); 0: no KL and no reference copy is kept."""
+    gamma: float = 0.99
+    """PPO: discount per chunk in GAE."""
+    gae_lambda: float = 0.95
+    """PPO: GAE lambda."""
+    value_clip: float = 0.2
+    """PPO: clip range of the value update around the rollout's value estimate."""
+    value_coef: float = 0.5
+    """PPO: weight of the value loss."""
+    eval_every: int = 10
+    """Real-simulator evaluation (and the imagined one from the same initial states) every this many iterations; 0: only before and after training."""
+    eval_tasks: list[str] = field(default_factory=list)
+    """Tasks of the periodic real evaluation; empty: the tasks that RL trains on."""
+    eval_episodes_per_task: int = 4
+    """Real (and imagined) evaluation episodes per task at each evaluation."""
+    time_limit_min: float = 0.0
+    """Wall-clock budget of the training loop in minutes: past it, the current iteration is the last
+    (final evaluation, checkpoint and policy as usual); 0: no limit."""
+    checkpoint_every: int = 10
+    """Save an atomic checkpoint every this many iterations (and at the end)."""
+    keep_checkpoints: int = 2
+    """Newest checkpoints kept on disk."""
+    kir_lead_frames: int = 4
+    """KIR: a gripper change or contact at frame t gives the keyframe t - kir_lead_frames (the moment before it)."""
+    kir_max_per_episode: int = 4
+    """KIR: at most this many keyframes per episode (evenly chosen among the candidates)."""
+    kir_failure_episodes_per_task: int = 4
+    """KIR with --policy: real rollouts of the policy per task whose failures give keyframes."""
+    kir_failure_stride: int = 16
+    """KIR with --policy: in a failed rollout, one keyframe every this many frames (plus its gripper changes)."""
+
+    def validate(self) -> None:
+        if self.iterations < 0 or self.group_size < 1 or self.num_groups < 1 or self.max_steps < 1:
+            raise ValueError("iterations >= 0, group_size >= 1, num_groups >= 1 and max_steps >= 1 are required")
+        if self.algorithm == "grpo" and self.group_size < 2:
+            raise ValueError(f"GRPO needs group_size >= 2 to compare rollouts, got {self.group_size}")
+        if not 0.0 <= self.kir_ratio <= 1.0:
+            raise ValueError(f"kir_ratio must lie in [0, 1], got {self.kir_ratio}")
+        if self.train_temperature <= 0:
+            raise ValueError(f"train_temperature must be > 0, got {self.train_temperature}")
+        if self.update_epochs < 1 or self.num_minibatches < 1:
+            raise ValueError("update_epochs and num_minibatches must be >= 1")
+        if self.lr <= 0 or self.max_grad_norm <= 0 or self.weight_decay < 0:
+            raise ValueError("lr > 0, max_grad_norm > 0 and weight_decay >= 0 are required")
+        if not (0 < self.clip_low < 1 and self.clip_high > 0 and self.value_clip > 0):
+            raise ValueError("0 < clip_low < 1, clip_high > 0 and value_clip > 0 are required")
+        if self.time_limit_min < 0:
+            raise ValueError(f"time_limit_min must be >= 0, got {self.time_limit_min}")
+        if self.entropy_coef < 0 or self.kl_coef < 0 or self.value_coef < 0:
+            raise ValueError("entropy_coef, kl_coef and value_coef must be >= 0")
+        if not (0 < self.gamma <= 1 and 0 <= self.gae_lambda <= 1):
+            raise ValueError("0 < gamma <= 1 and 0 <= gae_lambda <= 1 are required")
+        if self.eval_every < 0 or self.eval_episodes_per_task < 0 or self.checkpoint_every < 1 or self.keep_checkpoints < 1:
+            raise ValueError("eval_every >= 0, eval_episodes_per_task >= 0, checkpoint_every >= 1 and keep_checkpoints >= 1 are required")
+        if self.kir_lead_frames < 0 or self.kir_max_per_episode < 1:
+            raise ValueError("kir_lead_frames >= 0 and kir_max_per_episode >= 1 are required")
+        if self.kir_failure_episodes_per_task < 0 or self.kir_failure_stride < 1:
+            raise ValueError("kir_failure_episodes_per_task >= 0 and kir_failure_stride >= 1 are required")

@@ -6,6 +6,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 
+METAWORLD_CAMERAS = ("corner", "corner2", "corner3", "corner4", "topview", "behindGripper", "gripperPOV")
+"""Cameras of Meta-World's Sawyer scene."""
+SUITES = ("mt10", "mt50")
+"""Named task suites (their task lists come from Meta-World's registry: worldloop.sims.tasks)."""
+
+
 @dataclass
 class SimConfig:
     """A vectorised real simulator."""
@@ -19,7 +25,7 @@ class SimConfig:
     image_size: int = 64
     """Side of the square RGB frames in pixels (64, 128 or 256)."""
     camera: str = "corner"
-    """Camera the frames are rendered from (Meta-World: corner, corner2, corner3, topview, behindGripper, gripperPOV)."""
+    """Camera the frames are rendered from (Meta-World: corner, corner2, corner3, corner4, topview, behindGripper, gripperPOV)."""
     shadows: bool = False
     """Render shadows (slower; off keeps the scene faithful at our resolutions)."""
     max_steps: int = 200
@@ -29,11 +35,19 @@ class SimConfig:
     success_hold_steps: int = 0
     """Steps an episode continues after its first success before it ends (0: end at success)."""
     num_workers: int = 2
-    """Simulator worker processes; environments are spread over them."""
+    """Simulator worker processes; environments are spread over them (1: step everything in this process)."""
+    reward_scale: float = 5.0
+    """c in the chunk reward c * (R_after - R_before), R the 0/1 success signal (WoVR uses c = 5)."""
 
     def validate(self) -> None:
         if self.image_size not in (64, 128, 256):
             raise ValueError(f"image_size={self.image_size} is not supported; allowed: 64, 128, 256")
+        if self.camera not in METAWORLD_CAMERAS:
+            raise ValueError(f"camera='{self.camera}' is not a Meta-World camera; allowed: {', '.join(METAWORLD_CAMERAS)}")
+        if self.suite.lower() not in SUITES:
+            raise ValueError(f"suite='{self.suite}' is unknown; allowed: {', '.join(SUITES)}")
+        if self.reward_scale <= 0:
+            raise ValueError(f"reward_scale must be > 0, got {self.reward_scale}")
         if self.chunk_size < 1 or self.max_steps < 1 or self.num_workers < 1 or self.success_hold_steps < 0:
             raise ValueError("chunk_size, max_steps and num_workers must be >= 1, success_hold_steps >= 0")
 
@@ -43,12 +57,23 @@ class ExpertConfig:
     """Meta-World's scripted per-task policies, made imperfect on purpose."""
 
     action_noise: float = 0.0
-    """Std of Gaussian noise added to every expert action (actions live in [-1, 1])."""
+    """Std of Gaussian noise added to every expert action of a noisy episode (actions live in [-1, 1])."""
     perturb_prob: float = 0.0
-    """Probability that an episode contains a perturbation (a burst of random actions)."""
+    """Probability that a noisy episode contains one perturbation, after which the expert resumes."""
     perturb_steps: int = 20
-    """Length of a perturbation burst in steps."""
+    """Length of a perturbation in steps."""
+    perturb_start_min: int = 10
+    """Earliest step (0-based action index) at which a perturbation may start."""
+    perturb_start_max: int = 120
+    """Latest step at which a perturbation may start (late ones leave no time to recover: failures and near-misses)."""
+    gripper_perturb_fraction: float = 0.5
+    """Fraction of perturbations that hold the gripper in the wrong state (open when the expert closes it, and
+    the reverse) while the arm follows the expert; the others are a burst of uniform random actions."""
 
     def validate(self) -> None:
         if self.action_noise < 0 or not 0 <= self.perturb_prob <= 1 or self.perturb_steps < 0:
             raise ValueError("action_noise >= 0, 0 <= perturb_prob <= 1 and perturb_steps >= 0 are required")
+        if not 0 <= self.perturb_start_min <= self.perturb_start_max:
+            raise ValueError(f"need 0 <= perturb_start_min <= perturb_start_max, got {self.perturb_start_min}, {self.perturb_start_max}")
+        if not 0 <= self.gripper_perturb_fraction <= 1:
+            raise ValueError(f"gripper_perturb_fraction must be in [0, 1], got {self.gripper_perturb_fraction}")

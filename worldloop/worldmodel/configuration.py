@@ -1,15 +1,154 @@
-"""Configuration of the world model: the video VAE and the action-conditioned DiT."""
+"""Configuration of the world model: the video VAE and the action-conditioned DiT.
+
+Architecture sizes are named presets (``size``): ``tiny`` (CPU tests, trains in minutes),
+``small`` (one H200, Meta-World 64x64 or 128x128) and ``wan2.2-5b`` (the dimensions of
+Wan2.2-TI2V-5B, for throughput benchmarks with random weights). The tables that spell the sizes
+out live next to the code that builds the modules (:mod:`worldloop.worldmodel.vae`,
+:mod:`worldloop.worldmodel.modeling`).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
+
+SIZES = ("tiny", "small", "wan2.2-5b")
+Size = Literal["tiny", "small", "wan2.2-5b"]
 
 
 @dataclass
 class VAEConfig:
-    """The video VAE (filled in by the world-model issue)."""
+    """The video VAE (diffusers ``AutoencoderKLWan``): trained from scratch, or a local folder."""
+
+    size: Size = "tiny"
+    """Architecture of a VAE trained from scratch: 'tiny', 'small' or 'wan2.2-5b' (the Wan2.2 VAE, 48 channels, 16x)."""
+    spatial_downsamples: int = 3
+    """Spatial halvings of the encoder (the latent is 2^n times smaller per side): 3 = 8x (Wan2.1), 2 = 4x.
+    Ignored by 'wan2.2-5b', which is always 16x."""
+    pretrained: str | None = None
+    """A local diffusers-format AutoencoderKLWan folder to load instead of training (e.g. the Wan2.2 VAE)."""
+    steps: int = 300
+    """Optimizer steps of `worldloop train-vae`."""
+    batch_size: int = 8
+    """Clips per optimizer step."""
+    clip_frames: int = 5
+    """Frames per training clip (1 + 4k, so the causal 4x temporal encoder sees whole groups)."""
+    lr: float = 3e-4
+    """AdamW learning rate (cosine decay to 10% after a 5% warm-up)."""
+    kl_weight: float = 1e-6
+    """Weight of the KL term against the per-pixel L1 + L2 reconstruction loss."""
+    perceptual_weight: float = 0.0
+    """Weight of a VGG16 feature-matching term; used only when `perceptual_weights` names a local file."""
+    perceptual_weights: str | None = None
+    """Local path to torchvision VGG16 ImageNet weights (a state_dict .pth); nothing is downloaded."""
+    held_out_fraction: float = 0.1
+    """Fraction of each task's episodes kept out of training for the reconstruction PSNR/SSIM."""
+    log_every: int = 25
+    """Steps between TensorBoard scalars and progress-bar updates."""
+    checkpoint_every: int = 200
+    """Steps between atomic training checkpoints (resume continues from the newest)."""
+    time_limit_s: float = 0.0
+    """Stop training after this many seconds of this run even before `steps` (0 = no limit)."""
+
+    def validate(self) -> None:
+        if self.size not in SIZES:
+            raise ValueError(f"size must be one of {SIZES}, got {self.size!r}")
+        if self.spatial_downsamples not in (2, 3):
+            raise ValueError(f"spatial_downsamples must be 2 or 3, got {self.spatial_downsamples}")
+        if self.clip_frames < 1 or (self.clip_frames - 1) % 4:
+            raise ValueError(f"clip_frames must be 1 + 4k (1, 5, 9, ...), got {self.clip_frames}")
+        for name in ("steps", "batch_size", "log_every", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0 or self.kl_weight < 0 or self.perceptual_weight < 0:
+            raise ValueError("lr must be > 0 and kl_weight, perceptual_weight >= 0")
+        if not 0.0 <= self.held_out_fraction < 1.0:
+            raise ValueError(f"held_out_fraction must be in [0, 1), got {self.held_out_fraction}")
 
 
 @dataclass
 class WorldModelConfig:
-    """The action-conditioned DiT (filled in by the world-model issue)."""
+    """The action-conditioned DiT (diffusers ``WanTransformer3DModel``), its training, sampling and evaluation."""
+
+    size: Size = "tiny"
+    """DiT dimensions: 'tiny', 'small' or 'wan2.2-5b' (dim 3072, 30 layers, 24 heads, ffn 14336)."""
+    chunk_size: int = 8
+    """Actions per chunk = new frames per `step` (a multiple of the VAE's 4x temporal compression)."""
+    memory_frames: int = 4
+    """Recent frames in the context after the reference frame: 4 (WoVR) or 1 (ablation: the last frame, repeated)."""
+    reference_frame: bool = True
+    """First-frame anchoring: context slot 0 holds the episode's first frame for the whole rollout.
+    False (ablation) slides it: slot 0 is the frame just before the memory frames."""
+    context_noise: float = 0.3
+    """Largest noise level sigma (0-1) put on the non-reference context latents in training; 0 disables (ablation)."""
+    static_fraction: float = 0.05
+    """Fraction of training clips that are static (one frame repeated) with zero actions."""
+    clip_stride: int = 2
+    """Frames between the start of consecutive training clips cut from one episode."""
+    steps: int = 400
+    """Optimizer steps of `worldloop train-wm`."""
+    batch_size: int = 16
+    """Clips per optimizer step."""
+    lr: float = 3e-4
+    """AdamW learning rate (cosine decay to 10% after a 5% warm-up)."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Gradient-norm clip."""
+    ema_decay: float = 0.999
+    """Decay of the exponential moving average of the weights that is saved and sampled from."""
+    gradient_checkpointing: bool = True
+    """Recompute DiT blocks in the backward pass (GPU only; saves memory for large batches)."""
+    shift: float = 5.0
+    """Flow-matching time shift: sigma' = shift*sigma / (1 + (shift-1)*sigma), for training noise levels and sampling."""
+    sampling_steps: int = 5
+    """Euler steps of the flow-matching sampler per chunk."""
+    decode: Literal["cached", "full"] = "cached"
+    """How new frames are decoded: 'cached' decodes only the new latents with the causal decoder cache kept
+    from the previous chunk; 'full' decodes [context + new] latents and keeps the new frames."""
+    held_out_fraction: float = 0.1
+    """Fraction of each task's episodes kept out of training (eval-wm measures on them)."""
+    log_every: int = 25
+    """Steps between TensorBoard scalars."""
+    sample_every: int = 500
+    """Steps between sample videos written to TensorBoard (and at the end)."""
+    checkpoint_every: int = 500
+    """Steps between atomic training checkpoints (resume continues from the newest)."""
+    time_limit_s: float = 0.0
+    """Stop training after this many seconds of this run even before `steps` (0 = no limit)."""
+    eval_horizons: list[int] = field(default_factory=lambda: [8, 32, 64, 128])
+    """Open-loop horizons (frames) of `worldloop eval-wm`; a horizon longer than every held-out episode is skipped."""
+    eval_episodes: int = 16
+    """Held-out episodes replayed by `worldloop eval-wm` (all of them if fewer)."""
+    bench_batch_sizes: list[int] = field(default_factory=lambda: [1, 8, 64])
+    """Batch sizes (environments) measured by `worldloop bench wm`."""
+    bench_sizes: list[str] = field(default_factory=lambda: ["tiny"])
+    """Presets measured by `worldloop bench wm` (with random weights)."""
+
+    def validate(self) -> None:
+        if self.size not in SIZES:
+            raise ValueError(f"size must be one of {SIZES}, got {self.size!r}")
+        if self.chunk_size < 4 or self.chunk_size % 4:
+            raise ValueError(f"chunk_size must be a positive multiple of 4 (the VAE's temporal compression), got {self.chunk_size}")
+        if self.memory_frames not in (1, 4):
+            raise ValueError(f"memory_frames must be 4 or 1, got {self.memory_frames}")
+        if not 0.0 <= self.context_noise <= 1.0:
+            raise ValueError(f"context_noise must be in [0, 1], got {self.context_noise}")
+        if not 0.0 <= self.static_fraction < 1.0:
+            raise ValueError(f"static_fraction must be in [0, 1), got {self.static_fraction}")
+        for name in ("clip_stride", "steps", "batch_size", "sampling_steps", "log_every", "sample_every", "checkpoint_every", "eval_episodes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
+        if self.lr <= 0 or self.shift <= 0 or self.grad_clip <= 0:
+            raise ValueError("lr, shift and grad_clip must be > 0")
+        if not 0.0 <= self.held_out_fraction < 1.0:
+            raise ValueError(f"held_out_fraction must be in [0, 1), got {self.held_out_fraction}")
+        if not self.eval_horizons or min(self.eval_horizons) < 1:
+            raise ValueError(f"eval_horizons must be positive frame counts, got {self.eval_horizons}")
+        if not self.bench_batch_sizes or min(self.bench_batch_sizes) < 1:
+            raise ValueError(f"bench_batch_sizes must be positive, got {self.bench_batch_sizes}")
+        unknown = [s for s in self.bench_sizes if s not in SIZES]
+        if unknown:
+            raise ValueError(f"bench_sizes {unknown} are not presets; allowed: {SIZES}")

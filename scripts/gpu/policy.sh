@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Policy numbers on one H200 (issue 3): the scripted expert and SFT policies with 1, 5 and 20
+# demonstrations per task, each evaluated on MT10 with 50 episodes per task (metaworld-gpu preset).
+#
+#   OUT=/path/to/results bash scripts/gpu/policy.sh [DATASET]
+#
+# DATASET: an MT10 dataset at 128x128 from `worldloop collect --preset metaworld-gpu` with >= 25
+# episodes per task (scripts/gpu/data.sh makes one with 50). Without it, 30 episodes per task are
+# collected into $OUT/work/dataset first (~1 min).
+# Steps, each time-bounded, continuing on failure: [collect] -> eval expert -> for N in 1 5 20:
+# sft (N demos per task, successful clean episodes first) -> eval. Rerunning resumes an
+# interrupted sft from its checkpoints.
+# Sizing (assumed, not measured on the H200): the ~97M CompactVLA at batch 128, bf16 autocast, runs
+# ~10 steps/s, so sft.steps = 400 / 600 / 1000 take ~40 / 60 / 100 s plus ~20 s start-up and
+# data loading each; one 500-episode evaluation is <= 100k simulator steps at ~190 steps/s per
+# worker x 16 workers, <= ~35 s plus ~15 s start-up (the expert ends its episodes in ~80 steps).
+# Expected total ~7-8 min; the hard limits add up to 19 min.
+# Output: $OUT/summary.md (the table), $OUT/summary.json, $OUT/policy.log at the top; models, eval
+# folders (results.json, results.md, videos/) and TensorBoard logs under $OUT/work/.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+: "${OUT:?set OUT to the results folder}"
+DATASET=${1:-}
+WORK="$OUT/work"
+mkdir -p "$WORK"
+PY=${PY:-python3}
+if ! "$PY" -c "import worldloop, metaworld" 2>/dev/null; then
+  # shellcheck disable=SC1091
+  source scripts/gpu/setup.sh
+fi
+export MUJOCO_GL=egl PYOPENGL_PLATFORM=egl PYTHONUNBUFFERED=1
+NVIDIA_EGL=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+if [ -z "${__EGL_VENDOR_LIBRARY_FILENAMES:-}" ] && [ -f "$NVIDIA_EGL" ]; then export __EGL_VENDOR_LIBRARY_FILENAMES=$NVIDIA_EGL; fi
+WL=("$PY" -m worldloop)
+WORKERS=$(nproc); [ "$WORKERS" -gt 16 ] && WORKERS=16
+PRESET=(--preset "${PRESET:-metaworld-gpu}")
+EXTRA=(${EXTRA:-})  # extra key=value overrides for every verb (e.g. a CPU dry run: EXTRA="device=cpu sft.batch_size=8")
+SIM=("sim.num_workers=$WORKERS" "sim.suite=mt10" "sim.tasks=[]")
+EPISODES=${EPISODES:-50}
+LOG="$OUT/policy.log"
+: >"$LOG"
+
+step() {  # step NAME SECONDS CMD...: run with a time limit, log everything, show the tail, keep going
+  local name=$1 limit=$2; shift 2
+  echo "== $name (limit ${limit}s): $*" | tee -a "$LOG"
+  local start=$SECONDS
+  timeout "$limit" "$@" 2>&1 | tee -a "$LOG" | grep -v -e "it/s]" -e "s/it]" | tail -n 6
+  local rc=${PIPESTATUS[0]}
+  echo "== $name: exit $rc after $((SECONDS - start)) s" | tee -a "$LOG"
+  return "$rc"
+}
+
+if [ -z "$DATASET" ] || [ ! -f "$DATASET/meta/info.json" ]; then
+  DATASET="$WORK/dataset"
+  step collect 300 "${WL[@]}" collect "${PRESET[@]}" --out "$DATASET" --episodes-per-task 30 --no-progress "${SIM[@]}" "${EXTRA[@]}"
+fi
+
+step eval-expert 150 "${WL[@]}" eval "${PRESET[@]}" --policy expert --out "$WORK/eval-expert" --episodes-per-task "$EPISODES" "${SIM[@]}" "${EXTRA[@]}"
+
+declare -A STEPS=([1]=400 [5]=600 [20]=1000)
+declare -A SFT_LIMIT=([1]=150 [5]=180 [20]=240)
+for N in 1 5 20; do
+  step "sft-$N" "${SFT_LIMIT[$N]}" "${WL[@]}" sft "${PRESET[@]}" --dataset "$DATASET" --out "$WORK/sft-$N" --episodes-per-task "$N" \
+    "sft.steps=${STEPS[$N]}" "${SIM[@]}" "${EXTRA[@]}"
+  if [ -f "$WORK/sft-$N/model.safetensors" ]; then
+    step "eval-sft-$N" 150 "${WL[@]}" eval "${PRESET[@]}" --policy "$WORK/sft-$N" --out "$WORK/eval-sft-$N" --episodes-per-task "$EPISODES" \
+      "${SIM[@]}" "${EXTRA[@]}"
+  fi
+done
+
+"$PY" - "$WORK" "$OUT" <<'PYEOF' | tee -a "$LOG"
+import json, sys
+from pathlib import Path
+
+work, out = Path(sys.argv[1]), Path(sys.argv[2])
+rows, summary = [], {}
+for name in ["eval-expert", "eval-sft-1", "eval-sft-5", "eval-sft-20"]:
+    path = work / name / "results.json"
+    if not path.is_file():
+        rows.append(f"| {name} | missing | | | | |")
+        continue
+    r = json.loads(path.read_text())
+    sft_path = work / name.replace("eval-", "") / "sft_results.json"
+    sft = json.loads(sft_path.read_text()) if sft_path.is_file() else {}
+    summary[name] = {"results": r | {"seeds": None, "sim": None}, "sft": {k: v for k, v in sft.items() if "episodes" not in k or k == "episodes_per_task"}}
+    mode = "expert" if r["policy"] == "expert" else ("greedy" if r["greedy"] else f"T={r['temperature']}")
+    held = f"{sft['held_out_loss']:.3f} / {sft['held_out_token_accuracy']:.3f}" if sft.get("held_out_loss") is not None else ""
+    timing = f"{sft['seconds']:.0f} s, {sft['seconds_per_step'] * 1000:.0f} ms/step" if sft else ""
+    rows.append(f"| {name} ({mode}) | {r['success_once']:.3f} ± {r['stderr']:.3f} | {r['episodes']} | {r['mean_episode_length']:.1f} | {held} | {timing} |")
+tasks = sorted({t for s in summary.values() for t in s["results"]["per_task"]})
+lines = ["# Policy on MT10 (metaworld-gpu, success_once ± stderr)", "",
+         "| policy | success_once | episodes | mean length | held-out loss / token acc | sft time |", "| --- | ---: | ---: | ---: | ---: | ---: |", *rows,
+         "", "| task | " + " | ".join(summary) + " |", "| --- |" + " ---: |" * len(summary)]
+for task in tasks:
+    cells = [f"{s['results']['per_task'][task]['success_once']:.2f}" if task in s["results"]["per_task"] else "" for s in summary.values()]
+    lines.append(f"| {task} | " + " | ".join(cells) + " |")
+(out / "summary.md").write_text("\n".join(lines) + "\n")
+(out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+print("\n".join(lines))
+PYEOF

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# RL in imagination on the H200: masked GRPO from a base (SFT) policy inside a trained world model,
+# judged by a reward model, with KIR keyframes; periodic real-simulator evaluation on a few MT10
+# tasks and the imagined success from the same initial states (the imagination-reality gap).
+#
+#   OUT=runs/gpu-rl scripts/gpu/rl.sh POLICY WORLD_MODEL JUDGE DATASET [TASKS] [MINUTES]
+#
+#   POLICY       base policy folder (worldloop sft)
+#   WORLD_MODEL  world-model folder (worldloop train-wm), same resolution as the dataset
+#   JUDGE        classifier folder (worldloop train-reward) or topreward:/path/to/Qwen3-VL
+#   DATASET      the LeRobot dataset the world model was trained on (first frames + KIR keyframes)
+#   TASKS        comma-separated MT10 tasks to train and evaluate on (default: button-press-topdown-v3,drawer-open-v3)
+#   MINUTES      training budget in minutes (default 6)
+#
+# Writes $OUT/keyframes (KIR), $OUT/rl (config, tb/, checkpoints/, results.json, results.md,
+# policy/), $OUT/rl.log, $OUT/summary.md; prints the table. Extra `key=value` overrides: $OVERRIDES
+# (kir and rl) and $RL_OVERRIDES (rl only); $PRESET (default metaworld-gpu). Bounded: kir 4 min,
+# rl MINUTES + 5 min (evaluations, start-up). Rerunning with the same $OUT resumes the rl run.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+if [ $# -lt 4 ]; then sed -n 2,20p "$0"; exit 2; fi
+POLICY=$1 WM=$2 JUDGE=$3 DATASET=$4
+TASKS=${5:-button-press-topdown-v3,drawer-open-v3}
+MINUTES=${6:-6}
+OUT=${OUT:-runs/gpu-rl}
+mkdir -p "$OUT"
+export MUJOCO_GL=egl PYOPENGL_PLATFORM=egl PYTHONUNBUFFERED=1
+NVIDIA_EGL=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+if [ -z "${__EGL_VENDOR_LIBRARY_FILENAMES:-}" ] && [ -f "$NVIDIA_EGL" ]; then export __EGL_VENDOR_LIBRARY_FILENAMES=$NVIDIA_EGL; fi
+PY=${PY:-python}
+if command -v worldloop >/dev/null; then WL=(worldloop); else WL=("$PY" -m worldloop); fi
+PRESET=(--preset "${PRESET:-metaworld-gpu}")
+read -r -a EXTRA <<< "${OVERRIDES:-}"
+read -r -a RL_EXTRA <<< "${RL_OVERRIDES:-}"
+
+# 1. KIR keyframes: demonstrations' gripper changes and contacts + the base policy's failed real rollouts.
+if [ ! -f "$OUT/keyframes/index.json" ]; then
+  timeout 240 "${WL[@]}" kir "${PRESET[@]}" --dataset "$DATASET" --policy "$POLICY" --out "$OUT/keyframes" \
+    "sim.tasks=[$TASKS]" rl.kir_failure_episodes_per_task=8 "${EXTRA[@]}" 2>&1 | tee "$OUT/kir.log"
+fi
+KF_ARGS=(--keyframes "$OUT/keyframes"); KIR_RATIO=0.5
+if [ ! -f "$OUT/keyframes/index.json" ]; then echo "kir failed: training from first frames only"; KF_ARGS=(); KIR_RATIO=0; fi
+
+# 2. Masked GRPO in imagination: 8 groups x 8 rollouts, temperature 1.6; real eval every 5 iterations
+#    on TASKS, 32 episodes per task (the same seeds each time), imagined success from the same states.
+timeout $(( MINUTES * 60 + 300 )) "${WL[@]}" rl "${PRESET[@]}" --policy "$POLICY" --world-model "$WM" --judge "$JUDGE" \
+  --dataset "$DATASET" "${KF_ARGS[@]}" --tasks "$TASKS" --out "$OUT/rl" --no-progress \
+  rl.kir_ratio=$KIR_RATIO rl.num_groups=8 rl.group_size=8 rl.iterations=1000 rl.time_limit_min=$MINUTES \
+  rl.lr=1.0e-5 rl.update_epochs=2 rl.num_minibatches=4 rl.eval_every=5 rl.eval_episodes_per_task=32 \
+  rl.checkpoint_every=5 "sim.tasks=[$TASKS]" "${EXTRA[@]}" "${RL_EXTRA[@]}" 2>&1 | tee "$OUT/rl.log"
+status=${PIPESTATUS[0]}
+
+# 3. Summary: real vs imagined success at every evaluation, first vs last with the difference in standard errors.
+"$PY" - "$OUT" <<'PYEOF' | tee "$OUT/summary.md"
+import json, math, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+path = out / "rl" / "results.json"
+if not path.is_file():
+    print(f"no {path}: rl did not finish (see {out}/rl.log)"); sys.exit(0)
+results = json.loads(path.read_text())
+print((out / "rl" / "results.md").read_text())
+evals = results["evaluations"]
+if len(evals) >= 2:
+    first, last = evals[0]["real"], evals[-1]["real"]
+    gain = last["success_once"] - first["success_once"]
+    se = math.hypot(first["stderr"], last["stderr"]) or float("nan")
+    print(f"real success_once: {first['success_once']:.3f} -> {last['success_once']:.3f} ({gain:+.3f}, {gain / se:+.1f} standard errors)")
+    for task in last["per_task"]:
+        a, b = first["per_task"][task], last["per_task"][task]
+        d = b["success_once"] - a["success_once"]
+        s = math.hypot(a["stderr"], b["stderr"]) or float("nan")
+        print(f"  {task}: {a['success_once']:.3f} -> {b['success_once']:.3f} ({d:+.3f}, {d / s:+.1f} SE)")
+history = results["history"]
+if history:
+    h0, h1 = history[0], history[-1]
+    print(f"imagined train success_once: {h0['env/success_once']:.3f} (iteration 1) -> {h1['env/success_once']:.3f} (iteration {h1['iteration']})")
+    print(f"seconds per iteration: rollout {h1['time/rollout']:.1f}, update {h1['time/update']:.1f}, total {h1['time/iteration']:.1f}")
+PYEOF
+exit $status

@@ -1,0 +1,46 @@
+"""Shared test set-up: headless rendering, one torch thread, and a small real dataset.
+
+The environment variables must be set before anything imports mujoco, which is why they are
+set at the top of this file (pytest imports conftest before the test modules).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch._dynamo  # noqa: E402,F401  loads triton's LLVM first: loaded after Mesa's (EGL rendering, in-process sims) it segfaults
+
+torch.set_num_threads(1)
+
+TINY_TASKS = ("reach-v3", "button-press-topdown-v3")
+TINY_OVERRIDES = [
+    f"sim.tasks=[{','.join(TINY_TASKS)}]",
+    "sim.image_size=64",
+    "sim.max_steps=48",
+    "sim.num_workers=1",
+    "collect.num_envs=4",
+]
+"""A real collection of 2 MT10 tasks x 2 episodes (episode 0 clean, episode 1 noisy), 48 steps at most."""
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(tmp_path_factory) -> Path:
+    """Root of a LeRobot v3.0 dataset made by a real ``collect`` (read it with TrajectoryDataset).
+
+    2 tasks (reach, button-press-topdown) x 2 episodes at 64x64, at most 48 steps each; the clean
+    reach episode succeeds, so it holds successes and failures. Session-scoped: treat as read-only.
+    """
+    from worldloop.config import load_config
+    from worldloop.data.collect import collect
+
+    config = load_config("tiny-cpu", TINY_OVERRIDES)
+    root = tmp_path_factory.mktemp("tiny_dataset") / "dataset"
+    collect(config, root, episodes_per_task=2, progress=False)
+    return root

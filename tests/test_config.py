@@ -1,0 +1,95 @@
+"""The configuration schema: presets, overrides, validation and documentation."""
+
+import dataclasses
+
+import pytest
+
+from worldloop.cli import main
+from worldloop.config import (
+    Config,
+    ConfigError,
+    load_config,
+    load_saved_config,
+    missing_docs,
+    preset_names,
+    save_config,
+)
+
+
+def test_default_preset_is_tiny_cpu():
+    config = load_config()
+    assert config.preset == "tiny-cpu"
+    assert config.device == "cpu"
+    assert config.sim.image_size == 64
+
+
+@pytest.mark.parametrize("name", ["tiny-cpu", "metaworld-gpu"])
+def test_shipped_presets_load(name):
+    assert name in preset_names()
+    assert load_config(name).preset == name
+
+
+def test_dotted_overrides_are_typed():
+    config = load_config("tiny-cpu", ["sim.image_size=128", "seed=7", "sim.tasks=[reach-v3, push-v3]"])
+    assert config.sim.image_size == 128 and config.seed == 7
+    assert config.sim.tasks == ["reach-v3", "push-v3"]
+
+
+def test_int_is_accepted_where_a_float_is_expected():
+    assert load_config("tiny-cpu", ["expert.action_noise=1"]).expert.action_noise == 1.0
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("sim.imagesize=128", ["sim.imagesize", "image_size"]),
+        ("simulator.image_size=128", ["simulator", "sim"]),
+        ("sim.image_size=big", ["sim.image_size", "integer"]),
+        ("sim.image_size=100", ["image_size", "64, 128, 256"]),
+        ("sim.backend=gazebo", ["sim.backend", "metaworld"]),
+        ("sim.shadows=1", ["sim.shadows", "true or false"]),
+        ("sim=3", ["sim", "mapping"]),
+        ("novalue", ["section.key=value"]),
+    ],
+)
+def test_bad_keys_and_values_name_the_key_and_the_allowed(override, words):
+    with pytest.raises(ConfigError) as error:
+        load_config("tiny-cpu", [override])
+    for word in words:
+        assert word in str(error.value)
+
+
+def test_unknown_preset_lists_the_known_ones(tmp_path):
+    with pytest.raises(ConfigError, match="tiny-cpu"):
+        load_config("no-such-preset")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sim: {image_size: 64, colour: red}\n")
+    with pytest.raises(ConfigError, match="sim.colour"):
+        load_config(bad)
+
+
+def test_saved_config_round_trips(tmp_path):
+    config = load_config("metaworld-gpu", ["seed=3"])
+    save_config(config, tmp_path)
+    assert load_saved_config(tmp_path) == config
+
+
+def test_every_field_is_documented():
+    assert missing_docs(Config) == []
+
+
+def test_cli_config_typo_exits_with_a_clear_message(capsys):
+    assert main(["config", "sim.imagesize=128"]) == 2
+    assert "sim.imagesize" in capsys.readouterr().err
+
+
+def test_cli_config_prints_documented_values(capsys):
+    assert main(["config", "sim.image_size=256"]) == 0
+    out = capsys.readouterr().out
+    assert "sim.image_size = 256" in out and "Side of the square RGB frames" in out
+
+
+def test_sections_are_dataclasses():
+    for f in dataclasses.fields(Config):
+        value = getattr(Config(), f.name)
+        assert dataclasses.is_dataclass(value) or isinstance(value, (int, str))

@@ -1,0 +1,147 @@
+"""Success classifier: labels, augmentations, learning a synthetic cue, save/load, calibration, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from _rewards_fixtures import TASKS, FakeEpisode, cue_episodes
+from worldloop.rewards.augment import colour_jitter, gaussian_blur, pixel_noise, world_model_artefacts
+from worldloop.rewards.classifier import SuccessClassifier
+from worldloop.rewards.configuration import CalibrateConfig, ClassifierConfig
+from worldloop.rewards.labels import frame_labels, labelled_frames
+from worldloop.rewards.metrics import auroc, suggest_thresholds, value_order_correlation
+from worldloop.rewards.protocol import Judge, load_judge
+
+STEPS = 150
+
+
+def test_labels_pair_each_frame_with_the_success_of_the_action_before_it():
+    frames = np.arange(5)[:, None, None, None].repeat(2, 1).repeat(2, 2).repeat(3, 3).astype(np.uint8)
+    episode = FakeEpisode(frames, np.array([0, 0, 1, 1, 1], dtype=bool), TASKS[0], 0, 7)
+    times, labels = frame_labels(episode)
+    assert times.tolist() == [1, 2, 3, 4] and labels.tolist() == [False, False, True, True]
+    # A dataset that also stores the observation after the last action labels it too.
+    longer = FakeEpisode(np.concatenate([frames, frames[-1:]]), episode.success, TASKS[0], 0, 7)
+    assert frame_labels(longer)[1].tolist() == [False, False, True, True, True]
+    data = labelled_frames([episode], list(TASKS))
+    assert data.frames[:, 0, 0, 0].tolist() == [1, 2, 3, 4] and data.episode.tolist() == [7] * 4
+
+
+def test_episodes_ending_at_first_success_have_no_positive_frame(tmp_path):
+    from worldloop.rewards.train import train_classifier
+
+    frames = np.zeros((4, 8, 8, 3), dtype=np.uint8)
+    episode = FakeEpisode(frames, np.array([0, 0, 0, 1], dtype=bool), TASKS[0], 0, 0)  # ends at its first success
+    data = labelled_frames([episode], list(TASKS))
+    assert not data.success.any()
+    with pytest.raises(ValueError, match="success_hold_steps"):
+        train_classifier(data, None, ClassifierConfig(steps=1), tmp_path, torch.device("cpu"))
+
+
+def test_augmentations_keep_shape_and_range_and_change_pixels():
+    torch.manual_seed(0)
+    images = torch.rand(6, 3, 16, 16)
+    for out in (colour_jitter(images, 0.3), gaussian_blur(images, 1.0), pixel_noise(images, 0.1), world_model_artefacts(images, 0.5, 0.2, 0.05)):
+        assert out.shape == images.shape and out.min() >= 0 and out.max() <= 1
+        assert (out - images).abs().mean() > 1e-3
+    blurred = gaussian_blur(images, 1.0)
+    assert blurred.std() < images.std()  # blur removes high frequencies
+    assert torch.equal(gaussian_blur(images, 0.0), images)
+
+
+def test_metrics_on_hand_worked_numbers():
+    assert auroc(np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1])) == pytest.approx(0.75)
+    assert auroc(np.array([0.1, 0.2]), np.array([1, 1])) is None
+    assert suggest_thresholds(np.array([0.1, 0.2, 0.7, 0.9]), np.array([0, 0, 1, 1]))["max_f1"] == pytest.approx(0.7)
+    voc = value_order_correlation(np.array([0.1, 0.2, 0.3, 0.9, 0.5, 0.1]), np.array([0, 1, 2, 0, 1, 2]), np.array([0, 0, 0, 1, 1, 1]))
+    assert voc["mean"] == pytest.approx(0.0) and voc["episodes"] == 2
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A classifier trained on two tasks that share one scene: the same square means success for
+    one task and failure for the other, so it must use its task conditioning."""
+    from worldloop.rewards.train import train_classifier
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("rw")
+    train = labelled_frames(cue_episodes(16, seed=0, size=16), list(TASKS))
+    held_out = labelled_frames(cue_episodes(8, seed=1, size=16), list(TASKS))
+    config = ClassifierConfig(input_size=16, steps=STEPS, batch_size=16, lr=2e-3, eval_every=STEPS // 2, held_out_fraction=0.0)
+    metrics = train_classifier(train, held_out, config, out, torch.device("cpu"), seed=0)
+    return out, metrics, held_out
+
+
+def test_classifier_learns_a_task_dependent_success_cue(trained):
+    out, metrics, held_out = trained
+    assert metrics["steps"] == STEPS
+    assert metrics["held_out"]["auroc"] > 0.95
+    assert metrics["held_out"]["at_threshold"]["recall"] > 0.7 and metrics["held_out"]["at_threshold"]["precision"] > 0.7
+    # Where the square is visible only the task says whether it means success: the same frames
+    # judged under the other task must rank the other way round.
+    judge = load_judge(out, "cpu")
+    visible = held_out.time > 6
+    windows, labels = held_out.frames[visible][:, None], held_out.success[visible].numpy()
+    right = [TASKS[i] for i in held_out.task[visible].tolist()]
+    swapped = [TASKS[1 - i] for i in held_out.task[visible].tolist()]
+    assert auroc(judge.score(windows, right).numpy(), labels) > 0.9
+    assert auroc(judge.score(windows, swapped).numpy(), labels) < 0.1
+    assert (out / "metrics.json").is_file() and (out / "checkpoints" / "latest").is_file() and any((out / "tb").iterdir())
+
+
+def test_saved_classifier_loads_and_scores_the_same(trained):
+    from worldloop.rewards.train import predict
+
+    out, _, held_out = trained
+    judge = load_judge(out, "cpu")  # the run folder resolves to out/model
+    assert isinstance(judge, Judge) and judge.window == 1 and judge.threshold == 0.5
+    reloaded = SuccessClassifier.from_pretrained(out / "model")
+    windows = held_out.frames[:, None]  # (N, 1, H, W, 3)
+    instructions = [TASKS[i] for i in held_out.task.tolist()]
+    scores = judge.score(windows, instructions)
+    torch.testing.assert_close(scores, torch.from_numpy(predict(reloaded, held_out)), atol=1e-5, rtol=1e-5)
+    assert torch.equal(judge.success(windows, instructions), scores >= 0.5)
+
+
+def test_classifier_bad_input_gives_clear_errors(trained):
+    judge = load_judge(trained[0], "cpu")
+    frames = torch.zeros(2, 2, 16, 16, 3, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="windows of 1 frames, got 2"):
+        judge.score(frames, list(TASKS))
+    with pytest.raises(ValueError, match=r"one instruction per window \(2\), got 1"):
+        judge.score(frames[:, :1], TASKS[:1])
+    with pytest.raises(ValueError, match="unknown"):
+        judge.score(frames[:, :1], ["fly to the moon", TASKS[0]])
+    with pytest.raises(FileNotFoundError):
+        load_judge(trained[0] / "missing", "cpu")
+
+
+def test_calibrate_classifier_writes_metrics_and_histogram(trained, tmp_path):
+    from worldloop.rewards.calibrate import calibrate
+    from worldloop.utils.io import read_json
+
+    judge = load_judge(trained[0], "cpu")
+    metrics = calibrate(judge, cue_episodes(8, seed=2, size=16), CalibrateConfig(stride=1, batch_size=16), tmp_path, "classifier")
+    assert metrics == read_json(tmp_path / "metrics.json")
+    # 11 labelled frames per episode; success after actions 6..11 labels frames 7..11 (5 per successful episode)
+    assert metrics["windows"] == 8 * 11 and metrics["success_windows"] == 4 * 5
+    assert metrics["auroc"] > 0.9
+    assert 0 < metrics["at_threshold"]["trigger_rate"] < 1
+    assert metrics["value_order_correlation"]["episodes"] == 4  # the successful episodes
+    assert metrics["value_order_correlation"]["mean"] > 0.5  # the score rises once the cue shows
+    assert 0 < metrics["suggested_threshold"]["max_f1"] < 1
+    assert (tmp_path / "histogram.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_training_resumes_from_its_latest_checkpoint(tmp_path, capsys):
+    from worldloop.rewards.train import train_classifier
+
+    data = labelled_frames(cue_episodes(4, size=16), list(TASKS))
+    config = ClassifierConfig(input_size=16, steps=2, batch_size=4, eval_every=1, augment=False)
+    train_classifier(data, None, config, tmp_path, torch.device("cpu"))
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_000000002"
+    metrics = train_classifier(data, None, ClassifierConfig(input_size=16, steps=3, batch_size=4, eval_every=1), tmp_path, torch.device("cpu"))
+    assert "resuming" in capsys.readouterr().out and metrics["steps"] == 3 and metrics["held_out"] is None
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_000000003"

@@ -1,0 +1,39 @@
+"""train-reward and calibrate-reward end to end on a small LeRobot dataset written by DatasetWriter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from _rewards_fixtures import cue_episodes
+from worldloop.cli import main
+from worldloop.utils.io import read_json
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    from worldloop.data.writer import DatasetWriter
+
+    root = tmp_path_factory.mktemp("data") / "cue"
+    with DatasetWriter(root, fps=10, image_size=32, action_dim=4) as writer:
+        for episode in cue_episodes(8, length=12, size=32):
+            actions = np.zeros((len(episode.frames), 4), np.float32)
+            writer.add_episode(episode.frames, actions, episode.success, episode.instruction)
+    return root
+
+
+def test_train_then_calibrate_reward_cli(dataset, tmp_path, capsys):
+    rw, cal = tmp_path / "rw", tmp_path / "cal"
+    small = ["reward.classifier.input_size=16", "reward.classifier.steps=4", "reward.classifier.batch_size=8", "reward.classifier.eval_every=2"]
+    assert main(["train-reward", "--dataset", str(dataset), "--out", str(rw), *small]) == 0
+    metrics = read_json(rw / "metrics.json")
+    assert metrics["steps"] == 4 and metrics["held_out"]["frames"] == 2 * 11  # one of each task's 4 episodes held out
+    assert (rw / "model" / "model.safetensors").is_file() and (rw / "config.yaml").is_file()
+    assert main(["calibrate-reward", "--judge", str(rw), "--dataset", str(dataset), "--out", str(cal), "--split", "held_out", *small]) == 0
+    calibration = read_json(cal / "metrics.json")
+    assert calibration["episodes"] == 2 and calibration["windows"] == 2 * 3  # frames 3, 7, 11 at stride 4
+    assert (cal / "histogram.png").is_file() and (cal / "config.yaml").is_file()
+    assert "AUROC" in capsys.readouterr().out
+    # A missing dataset is named in the error.
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        main(["calibrate-reward", "--judge", str(rw), "--dataset", str(tmp_path / "nope"), "--out", str(cal)])

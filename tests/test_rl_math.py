@@ -1,0 +1,119 @@
+"""GRPO / PPO maths against numbers worked out by hand."""
+
+import math
+
+import pytest
+import torch
+
+from worldloop.rl.advantages import (
+    explained_variance,
+    first_done_index,
+    gae,
+    grpo_advantages,
+    informative_groups,
+    loss_mask,
+    sample_weights,
+    trajectory_scores,
+)
+from worldloop.rl.losses import clipped_policy_loss, clipped_value_loss, entropy_bonus, kl_penalty
+
+T, F = True, False
+
+
+def test_first_done_and_mask_success_first_chunk_and_truncation():
+    done = torch.tensor(
+        [
+            [T, T, T, T],  # success on the first chunk
+            [F, F, T, T],  # success on the third
+            [F, F, F, T],  # truncated at the last chunk
+            [F, F, F, F],  # still running when the rollout stopped
+        ]
+    )
+    assert first_done_index(done).tolist() == [0, 2, 3, 3]
+    assert loss_mask(done).tolist() == [[T, F, F, F], [T, T, T, F], [T, T, T, T], [T, T, T, T]]
+    assert loss_mask(done, mask_after_success=False).all()
+
+
+def test_scores_count_rewards_up_to_the_first_done_only():
+    rewards = torch.tensor([[5.0, 0.0, 5.0], [0.0, 0.0, 5.0], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[T, F, F], [T, T, T], [T, T, T]])
+    assert trajectory_scores(rewards, mask).tolist() == [5.0, 5.0, 0.0]
+
+
+def test_grpo_advantages_by_hand():
+    # group 1: scores 5, 0, 0, 0: mean 1.25, unbiased std sqrt((3.75^2 + 3 * 1.25^2) / 3) = 2.5
+    # group 2: all fail; group 3: all succeed -> advantage 0 and no signal
+    scores = torch.tensor([5.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 5.0, 5.0, 5.0, 5.0])
+    advantages = grpo_advantages(scores, 4)
+    expected = [3.75 / (2.5 + 1e-6)] + [-1.25 / (2.5 + 1e-6)] * 3 + [0.0] * 8
+    assert advantages.tolist() == pytest.approx(expected, abs=1e-6)
+    assert informative_groups(scores, 4).tolist() == [T] * 4 + [F] * 8
+    with pytest.raises(ValueError, match="groups of 5"):
+        grpo_advantages(scores, 5)
+
+
+def test_sample_weights_length_normalisation_by_hand():
+    # Two kept trajectories of valid lengths 1 and 4, one dropped (no-signal group).
+    mask = torch.tensor([[T, F, F, F], [T, T, T, T], [T, T, F, F]])
+    keep = torch.tensor([T, T, F])
+    weights = sample_weights(mask, keep)
+    # each kept trajectory weighs 1/2 in total, spread over its own valid chunks
+    assert weights.flatten().tolist() == pytest.approx([0.5, 0, 0, 0] + [0.125] * 4 + [0, 0, 0, 0])
+    plain = sample_weights(mask, keep, length_normalise=False)
+    assert plain.flatten().tolist() == pytest.approx([0.2, 0, 0, 0] + [0.2] * 4 + [0, 0, 0, 0])
+    assert sample_weights(mask, torch.tensor([F, F, F])).sum() == 0
+
+
+def test_clipped_policy_loss_asymmetric_clip_by_hand():
+    # one token per chunk; ratios e^0.5 = 1.6487 (A = +1, clipped at 1.28), e^-0.5 = 0.6065 (A = -1, clipped at 0.8),
+    # 1.1 (A = +2, inside), 0.7 (A = +1: below the low clip but the unclipped term wins for positive A)
+    old = torch.zeros(4, 1, 1)
+    new = torch.log(torch.tensor([math.exp(0.5), math.exp(-0.5), 1.1, 0.7])).view(4, 1, 1)
+    advantages = torch.tensor([1.0, -1.0, 2.0, 1.0])
+    weights = torch.full((4,), 0.25)
+    loss, stats = clipped_policy_loss(new, old, advantages, weights, clip_low=0.2, clip_high=0.28)
+    per_chunk = [-1.28, 0.8, -2.2, -0.7]  # max(-A r, -A clip(r))
+    assert loss.item() == pytest.approx(sum(per_chunk) / 4, abs=1e-6)
+    assert stats["clip_fraction"].item() == pytest.approx(3 / 4)
+    k3 = [(r - 1) - math.log(r) for r in (math.exp(0.5), math.exp(-0.5), 1.1, 0.7)]
+    assert stats["approx_kl"].item() == pytest.approx(sum(k3) / 4, abs=1e-6)
+
+
+def test_gradient_flows_only_through_unclipped_tokens():
+    new = torch.log(torch.tensor([1.5, 1.0])).view(2, 1, 1).requires_grad_(True)
+    loss, _ = clipped_policy_loss(new, torch.zeros(2, 1, 1), torch.tensor([1.0, 1.0]), torch.tensor([0.5, 0.5]))
+    loss.backward()
+    # token 0 is above 1 + 0.28 with A > 0: no gradient; token 1: d(-0.5 r)/d log r = -0.5
+    assert new.grad.flatten().tolist() == pytest.approx([0.0, -0.5])
+
+
+def test_value_entropy_and_kl_terms_by_hand():
+    values, old_values, returns = torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.0]), torch.tensor([0.0, 1.0])
+    weights = torch.tensor([0.5, 0.5])
+    # chunk 0: unclipped (1-0)^2 = 1, clipped 0.7^2 = 0.49 -> 0.5; chunk 1: both 1 -> 0.5
+    assert clipped_value_loss(values, old_values, returns, weights, clip=0.2).item() == pytest.approx(0.5 * (0.5 * 1 + 0.5 * 1))
+    values = torch.tensor([0.2, 0.0])  # chunk 0: unclipped 0.2^2 = 0.04; clipped to 1.0 - 0.2 = 0.8 -> 0.64
+    old_values = torch.tensor([1.0, 0.0])  # the pessimistic (clipped) term wins
+    assert clipped_value_loss(values, old_values, returns, weights, clip=0.2).item() == pytest.approx(0.5 * (0.5 * 0.64 + 0.5 * 1.0))
+    entropy = torch.tensor([[[1.0, 3.0]], [[2.0, 2.0]]])
+    assert entropy_bonus(entropy, torch.tensor([0.75, 0.25])).item() == pytest.approx(0.75 * 2 + 0.25 * 2)
+    same = torch.randn(2, 1, 2)
+    assert kl_penalty(same, same, weights).item() == pytest.approx(0.0)
+    delta = math.log(2.0)  # reference twice as likely: e^d - d - 1 = 1 - ln 2
+    assert kl_penalty(torch.zeros(1, 1, 1), torch.full((1, 1, 1), delta), torch.ones(1)).item() == pytest.approx(1 - delta)
+
+
+def test_gae_by_hand_with_termination_and_bootstrap():
+    gamma, lam = 0.5, 0.5
+    rewards = torch.tensor([[0.0, 1.0], [0.0, 0.0]])
+    values = torch.tensor([[1.0, 2.0], [1.0, 2.0]])
+    terminated = torch.tensor([[F, T], [F, F]])  # episode 0 succeeds at chunk 1; episode 1 is cut off
+    last_values = torch.tensor([10.0, 4.0])
+    advantages, returns = gae(rewards, values, terminated, last_values, gamma, lam)
+    # ep 0: d1 = 1 - 2 = -1; d0 = 0 + 0.5*2 - 1 = 0; A0 = 0 + 0.25 * -1 = -0.25
+    # ep 1: d1 = 0 + 0.5*4 - 2 = 0; d0 = 0; A = 0
+    assert advantages.flatten().tolist() == pytest.approx([-0.25, -1.0, 0.0, 0.0])
+    assert returns.flatten().tolist() == pytest.approx([0.75, 1.0, 1.0, 2.0])
+    weights = torch.ones(2, 2)
+    assert explained_variance(values, values, weights) == pytest.approx(1.0)
+    assert explained_variance(torch.zeros(2, 2), returns, weights) < 0.5

@@ -1,0 +1,37 @@
+"""``worldloop bench <target>``: measure the speed of one part of worldloop.
+
+Each target is a function ``run(args, config) -> int`` named in :data:`TARGETS` as
+"module:function"; it reads the common options below and prints a table. Add a target with one
+line in TARGETS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+from worldloop.config import Config
+
+HELP = "Measure speed: `sim` = real-simulator steps/s with rendered frames at several sizes and worker counts."
+
+TARGETS: dict[str, str] = {
+    "sim": "worldloop.sims.bench:bench_sim",
+    "wm": "worldloop.worldmodel.bench:bench_wm",
+    "reward": "worldloop.rewards.bench:bench_reward_target",
+    "data": "worldloop.data.bench:bench_data",
+}
+"""Benchmark name -> "module:function" with signature ``function(args, config) -> int``."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", choices=sorted(TARGETS), help="what to measure")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[64, 128, 256], help="image sizes to measure (default: 64 128 256)")
+    parser.add_argument("--workers", type=int, nargs="+", default=None, help="worker-process counts to compare (default: 1 and sim.num_workers)")
+    parser.add_argument("--steps", type=int, default=48, help="timed steps per environment at each setting (default: 48)")
+    parser.add_argument("--envs-per-worker", type=int, default=2, help="environments per worker process (default: 2)")
+    parser.add_argument("--out", default=None, help="also write the table to this text file")
+
+
+def run(args: argparse.Namespace, config: Config) -> int:
+    module_name, function_name = TARGETS[args.target].split(":")
+    return int(getattr(importlib.import_module(module_name), function_name)(args, config) or 0)

@@ -1,0 +1,55 @@
+"""``worldloop calibrate-reward``: how far a judge can be trusted, on labelled real windows."""
+
+from __future__ import annotations
+
+import argparse
+
+from worldloop.config import Config
+
+HELP = (
+    "Score labelled windows of real trajectories with a judge (a train-reward folder or topreward:PATH); "
+    "writes AUROC, Value-Order Correlation, trigger rate, a suggested threshold to OUT/metrics.json "
+    "and the success/failure score histogram to OUT/histogram.png."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--judge", required=True, help="classifier folder (train-reward OUT) or topreward:PATH (local Qwen3-VL folder)")
+    parser.add_argument("--dataset", required=True, help="LeRobot v3 dataset folder with success labels")
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument(
+        "--split",
+        choices=("all", "held_out"),
+        default="all",
+        help="held_out: only the episodes train-reward held out (same seed and reward.classifier.held_out_fraction)",
+    )
+
+
+def run(args: argparse.Namespace, config: Config) -> int:
+    import numpy as np
+
+    from worldloop.config import save_config
+    from worldloop.data.dataset import TrajectoryDataset, split_episodes
+    from worldloop.rewards.calibrate import calibrate
+    from worldloop.rewards.protocol import load_judge
+    from worldloop.utils.device import resolve_device
+
+    dataset = TrajectoryDataset(args.dataset)
+    if args.split == "held_out":
+        indices = np.asarray(split_episodes(dataset, config.reward.classifier.held_out_fraction, seed=config.seed)[1])
+    else:
+        indices = np.arange(dataset.num_episodes)
+    if len(indices) == 0:
+        raise ValueError(f"calibrate-reward: no episodes to score in {args.dataset} (split {args.split})")
+    keep = min(len(indices), config.reward.calibrate.max_episodes)
+    indices = indices[np.unique(np.linspace(0, len(indices) - 1, keep).round().astype(int))]
+    judge = load_judge(args.judge, resolve_device(config.device), config.reward)
+    save_config(config, args.out)
+    metrics = calibrate(judge, dataset.episodes([int(i) for i in indices]), config.reward.calibrate, args.out, args.judge)
+    at = metrics["at_threshold"]
+    print(
+        f"calibrate-reward: {metrics['windows']} windows ({metrics['success_windows']} success) from {metrics['episodes']} episodes; "
+        f"AUROC {metrics['auroc']}, VOC {metrics['value_order_correlation']['mean']}, trigger rate {at['trigger_rate']} "
+        f"at threshold {at['threshold']}, suggested {metrics['suggested_threshold']}; {args.out}/metrics.json"
+    )
+    return 0

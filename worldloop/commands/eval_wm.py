@@ -1,0 +1,37 @@
+"""``worldloop eval-wm``: open-loop quality of a world model on held-out real trajectories."""
+
+from __future__ import annotations
+
+import argparse
+
+from worldloop.config import Config, save_config
+
+HELP = """Replay the recorded actions of held-out episodes of --dataset open-loop in the world model,
+from their real first frames, and compare with the real frames at world_model.eval_horizons:
+PSNR and SSIM next to the copy-last-frame baseline (LPIPS/FID/FVD only with local weights),
+rollout frames/s. Writes OUT/metrics.json, real|generated mp4s and PNG strips.
+Example: worldloop eval-wm --world-model runs/wm --dataset runs/data --out runs/wm-eval"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--world-model", required=True, help="world-model folder (train-wm --out)")
+    parser.add_argument("--dataset", required=True, help="LeRobot v3 dataset folder (its held-out split is used)")
+    parser.add_argument("--out", required=True, help="folder for metrics.json and videos")
+
+
+def run(args: argparse.Namespace, config: Config) -> int:
+    import json
+
+    from worldloop.utils.device import resolve_device
+    from worldloop.worldmodel.evaluate import evaluate_world_model
+    from worldloop.worldmodel.rollout import WorldModel
+    from worldloop.worldmodel.train import load_split
+
+    save_config(config, args.out)
+    wm_config = config.world_model
+    _, held_out, dataset = load_split(args.dataset, wm_config.held_out_fraction, config.seed)
+    model = WorldModel.from_pretrained(args.world_model, resolve_device(config.device), sampling_steps=wm_config.sampling_steps,
+                                       shift=wm_config.shift, decode=wm_config.decode)  # fmt: skip
+    metrics = evaluate_world_model(model, held_out[: wm_config.eval_episodes], wm_config.eval_horizons, args.out, fps=int(dataset.fps), seed=config.seed)
+    print(json.dumps(metrics, indent=2))
+    return 0

@@ -1,0 +1,78 @@
+"""``worldloop kir``: extract KIR keyframes (task-critical start states for imagined rollouts)."""
+
+from __future__ import annotations
+
+import argparse
+
+from worldloop.config import Config, ConfigError
+
+HELP = """Extract keyframes for keyframe-initialised rollouts (KIR) into --out KF.
+
+From the successful episodes of --dataset: the moments before gripper changes and contacts (up to
+the first success). With --policy MODEL: also states of that policy's failed real-simulator
+rollouts (rl.kir_failure_episodes_per_task per task of sim.tasks, or of the dataset when unset). Each keyframe keeps its 4
+preceding frames, the actions before it and its episode's first frame. Format: KF/index.json
+(entries: episode, frame, reason, source, instruction) + KF/keyframes.npz (see worldloop.rl.kir).
+Example: worldloop kir --dataset runs/demo/dataset --policy runs/demo/sft --out runs/demo/dataset/keyframes"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", required=True, help="LeRobot v3.0 dataset folder")
+    parser.add_argument("--policy", default=None, help="policy folder whose failed real rollouts give keyframes too")
+    parser.add_argument("--out", required=True, help="keyframe folder to write (by convention DATASET/keyframes)")
+
+
+def run(args: argparse.Namespace, config: Config) -> int:
+    from worldloop.data.dataset import TrajectoryDataset
+    from worldloop.rl.kir import dataset_keyframes, write_keyframes
+
+    rl = config.rl
+    dataset = TrajectoryDataset(args.dataset)
+    items = list(dataset_keyframes(dataset, rl.kir_lead_frames, rl.kir_max_per_episode))
+    if args.policy:
+        items += failed_rollout_items(args.policy, dataset, config)
+    index = write_keyframes(args.out, items, args.dataset, dataset.image_size, dataset.action_dim)
+    from worldloop.config import save_config
+
+    save_config(config, args.out)
+    counts = ", ".join(f"{reason}: {n}" for reason, n in index["counts"].items())
+    print(f"{len(index['entries'])} keyframes ({counts}) from {dataset.num_episodes} episodes -> {args.out}")
+    return 0
+
+
+def failed_rollout_items(policy_path: str, dataset, config: Config) -> list:
+    from worldloop.policies import load_policy
+    from worldloop.rl.kir import policy_failure_keyframes
+    from worldloop.rl.rollout import check_compatible
+    from worldloop.sims import make_env
+    from worldloop.utils.device import resolve_device
+
+    tasks = list(config.sim.tasks) or sim_tasks(dataset.tasks)
+    episodes = config.rl.kir_failure_episodes_per_task
+    if episodes == 0 or not tasks:
+        return []
+    policy = load_policy(policy_path, resolve_device(config.device))
+    env = make_env(config, len(tasks) * episodes, tasks=tasks)
+    try:
+        check_compatible(policy, env, "simulator")
+        # Seeds below the evaluation seeds and apart from collection's low seeds.
+        seeds = [config.eval.seed_offset // 2 + 1000 * t + e for t in range(len(tasks)) for e in range(episodes)]
+        rl = config.rl
+        return list(
+            policy_failure_keyframes(
+                policy, env, tasks, episodes, seeds, rl.kir_lead_frames, rl.kir_failure_stride, rl.kir_max_per_episode, config.eval.temperature, config.eval.greedy
+            )
+        )
+    finally:
+        env.close()
+
+
+def sim_tasks(instructions: list[str]) -> list[str]:
+    """Simulator task names of a dataset's instructions (Meta-World's instruction table)."""
+    from worldloop.sims.tasks import INSTRUCTIONS
+
+    by_instruction = {text: task for task, text in INSTRUCTIONS.items()}
+    unknown = [text for text in instructions if text not in by_instruction]
+    if unknown:
+        raise ConfigError(f"instructions {unknown[:3]} are not Meta-World tasks: --policy rollouts need the simulator's tasks")
+    return [by_instruction[text] for text in instructions]

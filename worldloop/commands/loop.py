@@ -1,0 +1,32 @@
+"""``worldloop loop``: the whole closed loop (WoVR's PACE) as one resumable command."""
+
+from __future__ import annotations
+
+import argparse
+
+from worldloop.config import Config
+
+HELP = """Take a base policy to a better one and show the evidence, in one command:
+expert demos -> SFT base policy -> base rollouts -> VAE + world model -> judge -> KIR keyframes
+-> RL stage 1 -> real eval -> evolved-policy rollouts -> world-model refinement -> RL stage 2
+-> real eval -> RUN/report.md + RUN/results.json (+ PNG plots).
+Each stage writes its folder under RUN and is skipped on a rerun once complete, so an interrupted
+loop resumes where it stopped. loop.* sets how much real data each stage spends; bring your own
+products with --dataset, --base-policy, --world-model or --judge.
+Example: worldloop loop --preset tiny-cpu --out runs/loop"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="run folder (resumed when it exists)")
+    parser.add_argument("--dataset", default=None, help="your own demonstration dataset (LeRobot v3) instead of collecting expert demos")
+    parser.add_argument("--base-policy", default=None, help="your own base policy folder instead of SFT")
+    parser.add_argument("--world-model", default=None, help="your own world-model folder instead of training WM Base")
+    parser.add_argument("--judge", default=None, help="your own judge (classifier folder or topreward:PATH) instead of training one")
+
+
+def run(args: argparse.Namespace, config: Config) -> int:
+    from worldloop.loop import Inputs, run_loop
+
+    inputs = Inputs(dataset=args.dataset, base_policy=args.base_policy, world_model=args.world_model, judge=args.judge)
+    run_loop(config, args.out, inputs, args.preset, args.overrides)
+    return 0

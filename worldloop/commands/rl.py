@@ -1,0 +1,165 @@
+"""``worldloop rl``: post-train a policy with masked GRPO (or PPO) in imagination or in the real simulator."""
+
+from __future__ import annotations
+
+import argparse
+
+from worldloop.config import Config, ConfigError
+
+HELP = """Post-train a policy with RL (masked GRPO by default, rl.algorithm=ppo for PPO) into --out RUN.
+
+--env imagined (default): episodes run in --world-model, judged by --judge (a classifier folder
+or topreward:PATH), starting from the first frames of --dataset and, for a fraction rl.kir_ratio
+of the groups, from the KIR keyframes in --keyframes (written by `worldloop kir`).
+--env real: GRPO straight in the real simulator (the baseline that spends real trajectories).
+Every rl.eval_every iterations the policy is evaluated in the real simulator on rl.eval_tasks and,
+from the same initial states, in imagination (the imagination-reality gap). RUN holds config.yaml,
+tb/ (TensorBoard), checkpoints/ (rerun to resume), results.json, results.md and policy/ (final).
+Example: worldloop rl --policy runs/sft --world-model runs/wm --judge runs/rw --dataset runs/data \\
+         --keyframes runs/data/keyframes --out runs/rl rl.iterations=50"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--policy", required=True, help="policy folder to start from (e.g. an SFT policy)")
+    parser.add_argument("--out", required=True, help="run folder (resumed when it holds a checkpoint)")
+    parser.add_argument("--env", choices=("imagined", "real"), default="imagined", help="where the training episodes run")
+    parser.add_argument("--world-model", default=None, help="world model folder (--env imagined)")
+    parser.add_argument("--judge", default=None, help="reward judge: a classifier folder or topreward:PATH (--env imagined)")
+    parser.add_argument("--dataset", default=None, help="dataset whose episodes' first frames start imagined episodes")
+    parser.add_argument("--keyframes", default=None, help="KIR keyframe folder (needed when rl.kir_ratio > 0)")
+    parser.add_argument("--tasks", default=None, help="comma-separated simulator task names to train on (default: the dataset's, or sim.tasks/suite)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace, config: Config) -> int:
+    rl = config.rl
+    if args.env == "imagined":
+        missing = [flag for flag, value in (("--world-model", args.world_model), ("--judge", args.judge), ("--dataset", args.dataset)) if not value]
+        if missing:
+            raise ConfigError(f"--env imagined needs {', '.join(missing)}")
+        if rl.kir_ratio > 0 and not args.keyframes:
+            raise ConfigError(f"rl.kir_ratio={rl.kir_ratio} but no --keyframes: pass a folder from `worldloop kir`, or set rl.kir_ratio=0")
+    elif args.keyframes or args.dataset:
+        raise ConfigError("--keyframes and --dataset have no use with --env real (the simulator starts from its own initial states); "
+                          "--world-model and --judge, when given, measure the imagination-reality gap")
+
+    import torch
+
+    from worldloop.config import save_config
+    from worldloop.policies import EXPERT, load_policy
+    from worldloop.rl.rollout import RealityCheck
+    from worldloop.rl.trainer import train
+    from worldloop.utils.device import resolve_device
+
+    torch.manual_seed(config.seed)
+    device = resolve_device(config.device)
+    policy = load_policy(args.policy, device)
+    if policy == EXPERT:
+        raise ConfigError("--policy expert cannot be trained; give a policy folder")
+    if rl.algorithm == "ppo":
+        policy = with_value_head(policy)
+    save_config(config, args.out)
+
+    closers = []
+    try:
+        world_model = judge = dataset = None
+        if args.world_model:
+            from worldloop.worldmodel.rollout import WorldModel
+
+            world_model = WorldModel.from_pretrained(args.world_model, device)
+        if args.judge:
+            from worldloop.rewards.protocol import load_judge
+
+            judge = load_judge(args.judge, device, config.reward)
+        if args.dataset:
+            from worldloop.data.dataset import TrajectoryDataset
+
+            dataset = TrajectoryDataset(args.dataset)
+
+        if args.env == "imagined":
+            from worldloop.commands.kir import sim_tasks
+
+            env = imagined_env(config, world_model, judge, dataset, args.keyframes, rl.num_groups * rl.group_size, rl.group_size, rl.max_steps, device)
+            chosen = args.tasks.split(",") if args.tasks else None
+            instructions = env.task_names if chosen is None else [instruction_of(task) for task in chosen]
+            tasks = list(instructions)
+            train_sim_tasks = chosen or sim_tasks(instructions)
+        else:
+            from worldloop.sims import make_env
+            from worldloop.sims.tasks import resolve_tasks
+
+            train_sim_tasks = args.tasks.split(",") if args.tasks else resolve_tasks(config.sim)
+            env = make_env(config, rl.num_groups * rl.group_size, tasks=train_sim_tasks)
+            tasks = list(train_sim_tasks)
+        closers.append(env)
+
+        check = None
+        eval_tasks = list(rl.eval_tasks) or list(train_sim_tasks)
+        if rl.eval_episodes_per_task > 0:
+            from worldloop.policies.evaluate import eval_seed
+            from worldloop.sims import make_env
+
+            count = len(eval_tasks) * rl.eval_episodes_per_task
+            real_env = make_env(config, count, tasks=eval_tasks)
+            closers.append(real_env)
+            gap_env = None
+            if world_model is not None and judge is not None:
+                horizon = -(-config.sim.max_steps // world_model.chunk_size) * world_model.chunk_size
+                gap_env = imagined_env(config, world_model, judge, dataset, None, count, 1, horizon, device, kir_ratio=0.0)
+            seeds = [eval_seed(task, e, config.eval.seed_offset) for task in eval_tasks for e in range(rl.eval_episodes_per_task)]
+            check = RealityCheck(real_env, eval_tasks, rl.eval_episodes_per_task, gap_env, seeds, config.eval.temperature, config.eval.greedy)
+
+        results = train(policy, env, rl, args.out, seed=config.seed, tasks=tasks, reality_check=check, progress_bar=not args.no_progress)
+    finally:
+        for env in closers:
+            env.close()
+
+    from worldloop.rl.trainer import results_table
+
+    print(results_table(results["evaluations"]), end="")
+    print(f"final policy: {args.out}/policy; curves: tensorboard --logdir {args.out}/tb")
+    return 0
+
+
+def imagined_env(config: Config, world_model, judge, dataset, keyframes: str | None, num_envs: int, group_size: int, max_steps: int, device, kir_ratio: float | None = None):
+    """The imagined environment over the dataset's first frames (+ keyframes); without either it can only ``reset_to``."""
+    import torch
+
+    from worldloop.envs.imagined import ImaginedEnv, InitialStates, initial_states_from_dataset, initial_states_from_keyframes
+
+    if world_model is None or judge is None:
+        raise ConfigError("the imagined environment needs --world-model and --judge")
+    pools = [InitialStates.from_first_frames(torch.zeros(0, world_model.image_size, world_model.image_size, 3, dtype=torch.uint8), [])]
+    if dataset is not None:
+        if dataset.image_size != world_model.image_size:
+            raise ConfigError(f"--dataset has {dataset.image_size}x{dataset.image_size} frames but the world model renders {world_model.image_size}x{world_model.image_size}")
+        pools.append(initial_states_from_dataset(dataset))
+    if keyframes:
+        pools.append(initial_states_from_keyframes(keyframes))
+    ratio = config.rl.kir_ratio if kir_ratio is None else kir_ratio
+    return ImaginedEnv(world_model, judge, InitialStates.concat(*pools), num_envs, group_size, max_steps, config.rl.reward_scale, ratio, device)
+
+
+def instruction_of(task: str) -> str:
+    from worldloop.sims.tasks import INSTRUCTIONS
+
+    if task not in INSTRUCTIONS:
+        raise ConfigError(f"--tasks: unknown simulator task '{task}'")
+    return INSTRUCTIONS[task]
+
+
+def with_value_head(policy):
+    """PPO needs values: a CompactVLA without a value head gets a fresh one (the rest of its weights kept)."""
+    import dataclasses
+
+    from worldloop.policies.modeling_vla import CompactVLA
+
+    if not isinstance(policy, CompactVLA) or policy.value_head is not None:
+        return policy
+    config = dataclasses.replace(policy.config, value_head=True)
+    new = CompactVLA(config, policy.action_dim, policy.image_size, policy.tokenizer, policy.instructions, policy.text_dim, load_vision_weights=False)
+    missing, unexpected = new.load_state_dict(policy.state_dict(), strict=False)
+    if unexpected or any(not name.startswith("value_") for name in missing):
+        raise ValueError(f"cannot add a value head to this policy: missing {missing}, unexpected {unexpected}")
+    print("rl: the policy has no value head; PPO starts one from scratch")
+    return new.to(policy.device)

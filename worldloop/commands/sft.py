@@ -1,0 +1,30 @@
+"""``worldloop sft``: supervised fine-tuning of the compact VLA on a dataset's demonstrations."""
+
+from __future__ import annotations
+
+import argparse
+
+from worldloop.config import Config
+
+HELP = "Fine-tune the compact VLA on demonstrations (action-token cross-entropy); resumes from OUT's checkpoints."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", required=True, help="LeRobot v3 dataset folder (from `worldloop collect`)")
+    parser.add_argument("--out", required=True, help="model folder to write (config.json, model.safetensors, norm_stats.json, tb/, checkpoints/)")
+    parser.add_argument("--episodes-per-task", type=int, default=None, help="training episodes per task, successful first (1 = one-trajectory SFT; default: sft.episodes_per_task, 0 = all)")
+
+
+def run(args: argparse.Namespace, config: Config) -> int:
+    from worldloop.policies.sft import train_sft
+
+    if args.episodes_per_task is not None:
+        config.sft.episodes_per_task = args.episodes_per_task
+        config.sft.validate()
+    results = train_sft(config, args.dataset, args.out)
+    print(
+        f"sft: {results['steps']} steps on {results['train_samples']} samples in {results['seconds']:.0f} s; "
+        f"train loss {results['final_train_loss']:.3f}, held-out loss {results['held_out_loss']}, "
+        f"held-out token accuracy {results['held_out_token_accuracy']}; model in {args.out}"
+    )
+    return 0

@@ -1,0 +1,31 @@
+"""``worldloop train-vae``: train the video VAE on dataset frames (or import a local diffusers VAE)."""
+
+from __future__ import annotations
+
+import argparse
+
+from worldloop.config import Config, save_config
+
+HELP = """Train the world model's video VAE (diffusers AutoencoderKLWan, vae.size) from scratch on the
+frames of --dataset, or load vae.pretrained (a local diffusers folder, e.g. the Wan2.2 VAE).
+Writes a diffusers-format VAE folder to --out with metrics.json (held-out PSNR/SSIM), TensorBoard
+logs in OUT/tb and checkpoints; rerunning the same command resumes.
+Example: worldloop train-vae --dataset runs/data --out runs/vae vae.steps=2000"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", required=True, help="LeRobot v3 dataset folder")
+    parser.add_argument("--out", required=True, help="VAE folder to write")
+
+
+def run(args: argparse.Namespace, config: Config) -> int:
+    import json
+
+    from worldloop.utils.device import resolve_device
+    from worldloop.worldmodel.train import load_split, train_vae
+
+    save_config(config, args.out)
+    train, held_out, _ = load_split(args.dataset, config.vae.held_out_fraction, config.seed)
+    metrics = train_vae(config.vae, train, held_out, args.out, resolve_device(config.device), config.seed)
+    print(json.dumps(metrics, indent=2))
+    return 0

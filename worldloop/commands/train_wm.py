@@ -1,0 +1,36 @@
+"""``worldloop train-wm``: train the action-conditioned video world model."""
+
+from __future__ import annotations
+
+import argparse
+
+from worldloop.config import Config, save_config
+
+HELP = """Train the action-conditioned DiT (world_model.size) on --dataset with the VAE in --vae.
+Clips are encoded once (OUT/latents.safetensors), then rectified flow with context-noise
+augmentation and static clips; EMA weights are saved to --out as a world-model folder
+(config.json, model.safetensors, vae/). TensorBoard in OUT/tb; rerunning resumes exactly.
+Example: worldloop train-wm --dataset runs/data --vae runs/vae --out runs/wm world_model.steps=4000"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", required=True, help="LeRobot v3 dataset folder")
+    parser.add_argument("--vae", required=True, help="VAE folder written by `worldloop train-vae` (or any local diffusers AutoencoderKLWan)")
+    parser.add_argument("--out", required=True, help="world-model folder to write")
+
+
+def run(args: argparse.Namespace, config: Config) -> int:
+    import json
+    from pathlib import Path
+
+    from worldloop.utils.device import resolve_device
+    from worldloop.worldmodel.train import load_split, train_world_model
+    from worldloop.worldmodel.vae import load_vae
+
+    save_config(config, args.out)
+    train, _, _ = load_split(args.dataset, config.world_model.held_out_fraction, config.seed)
+    vae = load_vae(args.vae)
+    key = {"dataset": str(Path(args.dataset).resolve()), "vae": str(Path(args.vae).resolve())}
+    train_world_model(config.world_model, train, vae, args.out, resolve_device(config.device), config.seed, cache_key=key)
+    print(json.dumps(json.loads((Path(args.out) / "results.json").read_text()), indent=2))
+    return 0

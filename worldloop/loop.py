@@ -1,0 +1,145 @@
+"""The closed loop (WoVR's PACE) as one resumable pipeline of worldloop verbs.
+
+    expert demos -> SFT base policy -> base-policy rollouts -> VAE + world model (WM Base)
+    -> judge -> KIR keyframes -> RL stage 1 -> real eval -> evolved-policy rollouts
+    -> world-model refinement (WM Evo) -> RL stage 2 -> real eval -> report
+
+Each stage is one CLI verb run in-process with the loop's preset and overrides; it writes its own
+folder under RUN/. When a stage returns, a marker ``RUN/stages/<name>.json`` records it, so a rerun
+skips finished stages; a stage interrupted midway resumes through its own checkpoints. Any
+stage's product can be replaced by the user's own (``--dataset``, ``--base-policy``,
+``--world-model``, ``--judge``): the stages that would build it are then skipped.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from worldloop.config import Config
+from worldloop.utils.io import atomic_write_json, read_json
+
+STAGES_DIR = "stages"
+
+
+@dataclass
+class Stage:
+    name: str
+    """Short name, also the marker's file name."""
+    argv: list[str]
+    """The worldloop verb and its arguments (preset and overrides are appended)."""
+    overrides: list[str] = field(default_factory=list)
+    """Config overrides for this stage only (after the loop's own)."""
+
+
+@dataclass
+class Inputs:
+    """Products the user brings instead of having the loop build them."""
+
+    dataset: str | None = None
+    base_policy: str | None = None
+    world_model: str | None = None
+    judge: str | None = None
+
+
+def plan(config: Config, run: Path, inputs: Inputs) -> tuple[list[Stage], dict[str, str]]:
+    """The stages to run, in order, and the paths of everything they produce."""
+    lp = config.loop
+    paths = {
+        "demos": inputs.dataset or str(run / "demos"),
+        "policy_base": inputs.base_policy or str(run / "policy_base"),
+        "rollouts_base": str(run / "rollouts_base"),
+        "vae": str(run / "vae"),
+        "wm_base": inputs.world_model or str(run / "wm_base"),
+        "judge": inputs.judge or (lp.judge if lp.judge.startswith("topreward:") else str(run / "judge")),
+        "keyframes": str(run / "keyframes"),
+        "rl1": str(run / "rl1"),
+        "rollouts_evo": str(run / "rollouts_evo"),
+        "wm_evo": str(run / "wm_evo"),
+        "rl2": str(run / "rl2"),
+    }
+    p = paths
+    ev = ["--episodes-per-task", str(lp.eval_episodes_per_task)]
+    stages: list[Stage] = []
+    if inputs.dataset is None:
+        stages.append(Stage("demos", ["collect", "--out", p["demos"], "--policy", "expert", "--episodes-per-task", str(lp.demo_episodes_per_task), "--no-progress"]))
+    if inputs.base_policy is None:
+        stages.append(Stage("policy_base", ["sft", "--dataset", p["demos"], "--out", p["policy_base"], "--episodes-per-task", str(lp.sft_episodes_per_task)]))
+    stages.append(Stage("eval_base", ["eval", "--policy", p["policy_base"], "--out", str(run / "eval_base"), *ev]))
+    stages.append(
+        Stage(
+            "rollouts_base",
+            ["collect", "--out", p["rollouts_base"], "--policy", p["policy_base"], "--episodes-per-task", str(lp.base_rollouts_per_task), "--no-progress"],
+        )
+    )
+    if inputs.world_model is None:
+        stages.append(Stage("vae", ["train-vae", "--dataset", p["rollouts_base"], "--out", p["vae"]]))
+        stages.append(Stage("wm_base", ["train-wm", "--dataset", p["rollouts_base"], "--vae", p["vae"], "--out", p["wm_base"]]))
+    stages.append(Stage("eval_wm_base", ["eval-wm", "--world-model", p["wm_base"], "--dataset", p["rollouts_base"], "--out", str(run / "eval_wm_base")]))
+    if inputs.judge is None and not lp.judge.startswith("topreward:"):
+        stages.append(Stage("judge", ["train-reward", "--dataset", p["rollouts_base"], "--out", p["judge"]]))
+    stages.append(Stage("keyframes", ["kir", "--dataset", p["rollouts_base"], "--policy", p["policy_base"], "--out", p["keyframes"]]))
+    rl_inputs = ["--judge", p["judge"], "--dataset", p["rollouts_base"], "--keyframes", p["keyframes"], "--no-progress"]
+    stages.append(Stage("rl1", ["rl", "--policy", p["policy_base"], "--world-model", p["wm_base"], "--out", p["rl1"], *rl_inputs]))
+    stages.append(Stage("eval_rl1", ["eval", "--policy", f"{p['rl1']}/policy", "--out", str(run / "eval_rl1"), *ev]))
+    if lp.pace:
+        stages.append(
+            Stage(
+                "rollouts_evo",
+                ["collect", "--out", p["rollouts_evo"], "--policy", f"{p['rl1']}/policy", "--episodes-per-task", str(lp.evo_rollouts_per_task), "--no-progress"],
+            )
+        )
+        stages.append(
+            Stage(
+                "wm_evo",
+                ["train-wm", "--dataset", p["rollouts_base"], p["rollouts_evo"], "--vae", p["vae"], "--init", p["wm_base"], "--out", p["wm_evo"]],
+                [f"world_model.steps={lp.evo_wm_steps}"],
+            )
+        )
+        stages.append(Stage("rl2", ["rl", "--policy", f"{p['rl1']}/policy", "--world-model", p["wm_evo"], "--out", p["rl2"], *rl_inputs]))
+        stages.append(Stage("eval_rl2", ["eval", "--policy", f"{p['rl2']}/policy", "--out", str(run / "eval_rl2"), *ev]))
+    return stages, paths
+
+
+def run_loop(
+    config: Config,
+    run: str | Path,
+    inputs: Inputs,
+    preset: str,
+    overrides: list[str],
+    verb: Callable[[list[str]], int] | None = None,
+    stop_after: str | None = None,
+) -> Path:
+    """Run every unfinished stage, then write the report; returns the report's path.
+    ``verb`` runs one CLI command (default: :func:`worldloop.cli.main`); ``stop_after`` ends the
+    loop after the named stage (tests use it to simulate an interruption)."""
+    from worldloop.cli import main as cli_main
+    from worldloop.config import save_config
+    from worldloop.report import write_report
+
+    verb = verb or cli_main
+    run = Path(run)
+    run.mkdir(parents=True, exist_ok=True)
+    save_config(config, run)
+    stages, paths = plan(config, run, inputs)
+    for stage in stages:
+        marker = run / STAGES_DIR / f"{stage.name}.json"
+        if marker.is_file():
+            print(f"loop: {stage.name} already complete, skipped")
+            continue
+        argv = [*stage.argv, "--preset", preset, *overrides, *stage.overrides]
+        print(f"loop: stage {stage.name}: worldloop {' '.join(argv)}", flush=True)
+        began = time.time()
+        code = verb(argv)
+        if code != 0:
+            raise RuntimeError(f"loop: stage {stage.name} failed with exit code {code}; fix the cause and rerun to resume from it")
+        atomic_write_json(marker, {"stage": stage.name, "argv": argv, "seconds": time.time() - began})
+        if stop_after == stage.name:
+            return run / "report.md"
+    return write_report(run, paths, stage_seconds(run))
+
+
+def stage_seconds(run: Path) -> dict[str, float]:
+    return {p.stem: read_json(p)["seconds"] for p in sorted((run / STAGES_DIR).glob("*.json"))}

@@ -1,0 +1,188 @@
+"""Evaluation in the real simulator: success_once per task and overall, with standard errors.
+
+Episode e of task t always starts from simulator seed ``eval.seed_offset + 1000 * global_index(t) + e``
+(``global_index`` is the task's position in Meta-World's task list, so a task keeps its seeds in any
+suite), disjoint from collection seeds, which stay below 2**31 = the default ``seed_offset``. Episodes run in waves of
+``num_envs`` environments spread over the simulator's worker processes; in each chunk the policy acts
+on every environment in one batched forward. Sampling draws from one generator seeded with
+``config.seed``, so two runs of the same checkpoint on the CPU give identical numbers.
+
+The scripted expert (``policy="expert"``) runs through the same path with ``env.step_expert()``:
+its success rate (~100% on MT10) is the evaluator's sanity check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from worldloop.policies import EXPERT
+from worldloop.utils.stats import rate_with_stderr
+
+
+def eval_seed(task: str, episode: int, seed_offset: int) -> int:
+    from worldloop.sims.tasks import ALL_TASKS
+
+    return seed_offset + 1000 * ALL_TASKS.index(task) + episode
+
+
+def check_policy_fits(policy, env) -> None:
+    """A clear error when the policy cannot drive ``env`` (action dimension, frame size, chunk size)."""
+    where = getattr(policy, "source", "the policy")
+    if policy.action_dim != env.action_dim:
+        raise ValueError(f"{where} acts in {policy.action_dim} action dimensions but the environment takes {env.action_dim}: it was trained for another robot or simulator")
+    if policy.image_size != env.image_size:
+        raise ValueError(f"{where} takes {policy.image_size}x{policy.image_size} frames but the environment renders {env.image_size}x{env.image_size}; set sim.image_size={policy.image_size}")
+    if policy.chunk_size != env.chunk_size:
+        raise ValueError(f"{where} emits chunks of {policy.chunk_size} actions but the environment steps {env.chunk_size}; set sim.chunk_size={policy.chunk_size}")
+
+
+def evaluate_policy(
+    policy,
+    config,
+    tasks: Sequence[str] | None = None,
+    episodes_per_task: int | None = None,
+    out: str | Path | None = None,
+    greedy: bool | None = None,
+    temperature: float | None = None,
+    num_envs: int | None = None,
+    videos_per_task: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Run ``episodes_per_task`` episodes of every task and return the results dict (also written
+    to ``out/results.json`` and ``out/results.md``, with captioned videos in ``out/videos``, when
+    ``out`` is given). Unset arguments come from ``config.eval``; tasks default to the suite."""
+    from tqdm import tqdm
+
+    from worldloop.sims import make_env
+    from worldloop.sims.tasks import instruction, resolve_tasks
+    from worldloop.utils.device import autocast_dtype
+
+    ev = config.eval
+    tasks = list(tasks) if tasks else resolve_tasks(config.sim)
+    episodes_per_task = episodes_per_task or ev.episodes_per_task
+    greedy = ev.greedy if greedy is None else greedy
+    temperature = ev.temperature if temperature is None else temperature
+    videos_per_task = ev.videos_per_task if videos_per_task is None else videos_per_task
+    if out is None:
+        videos_per_task = 0
+    is_expert = isinstance(policy, str) and policy == EXPERT
+
+    jobs = [(task, episode) for episode in range(episodes_per_task) for task in tasks]  # tasks interleaved over workers
+    num_envs = min(num_envs or ev.num_envs, len(jobs))
+    success = np.zeros(len(jobs), dtype=bool)
+    lengths = np.zeros(len(jobs), dtype=np.int64)
+    videos: dict[int, np.ndarray] = {}
+    if not is_expert:
+        # encode new instructions before the simulator starts: the text encoder's imports (triton)
+        # crash in a process that already renders with Mesa's EGL
+        policy.add_instructions([instruction(task) for task in tasks])
+    env = make_env(config, num_envs, tasks=tasks)
+    started, env_steps = time.time(), 0
+    bar = tqdm(total=len(jobs), desc=f"eval {'expert' if is_expert else 'policy'}", dynamic_ncols=True, disable=None if progress else True)
+    try:
+        if not is_expert:
+            check_policy_fits(policy, env)
+            policy.eval()
+            device = policy.device
+            generator = torch.Generator(device=device).manual_seed(config.seed)
+            dtype = autocast_dtype(device)
+        for first in range(0, len(jobs), num_envs):
+            wave = list(range(first, min(first + num_envs, len(jobs))))
+            slots = wave + [wave[-1]] * (num_envs - len(wave))  # a short last wave repeats its last job
+            reset = env.reset([jobs[j][0] for j in slots], [eval_seed(jobs[j][0], jobs[j][1], ev.seed_offset) for j in slots])
+            record = [i for i, j in enumerate(wave) if jobs[j][1] < videos_per_task]
+            clips = {i: [reset.frames[i].numpy()] for i in record}
+            frames, ever = reset.frames, torch.zeros(num_envs, dtype=torch.bool)
+            done = torch.zeros(num_envs, dtype=torch.bool)
+            while not done.all():
+                if is_expert:
+                    step, _ = env.step_expert()
+                else:
+                    with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                        acted = policy.act(frames, reset.instructions, temperature=temperature, greedy=greedy, generator=generator)
+                    step = env.step(acted.actions.float().cpu())
+                ever |= step.success.any(dim=1)
+                done = step.done[:, -1]
+                frames = step.frames[:, -1]
+                for i in record:
+                    clips[i].append(step.frames[i].numpy())
+            steps = env.elapsed_steps
+            for i, j in enumerate(wave):
+                success[j], lengths[j] = bool(ever[i]), int(steps[i])
+                if i in clips:
+                    videos[j] = np.concatenate([clips[i][0][None], *clips[i][1:]])[: lengths[j] + 1]
+            env_steps += int(steps[: len(wave)].sum())
+            bar.update(len(wave))
+    finally:
+        bar.close()
+        env.close()
+    seconds = time.time() - started
+
+    per_task = {}
+    for task in tasks:
+        rows = [j for j, (t, _) in enumerate(jobs) if t == task]
+        rate, stderr = rate_with_stderr(success[rows].tolist())
+        per_task[task] = {
+            "instruction": instruction(task),
+            "success_once": rate,
+            "stderr": stderr,
+            "episodes": len(rows),
+            "mean_episode_length": float(lengths[rows].mean()),
+        }
+    rate, stderr = rate_with_stderr(success.tolist())
+    results = {
+        "policy": EXPERT if is_expert else getattr(policy, "source", type(policy).__name__),
+        "success_once": rate,
+        "stderr": stderr,
+        "episodes": len(jobs),
+        "episodes_per_task": episodes_per_task,
+        "mean_episode_length": float(lengths.mean()),
+        "greedy": bool(greedy) if not is_expert else None,
+        "temperature": float(temperature) if not (is_expert or greedy) else None,
+        "seeds": [eval_seed(t, e, ev.seed_offset) for t, e in jobs],
+        "per_task": per_task,
+        "seconds": seconds,
+        "env_steps_per_second": env_steps / max(seconds, 1e-9),
+        "sim": dataclasses.asdict(config.sim),
+    }
+    if out is not None:
+        write_results(results, out, {j: (jobs[j], bool(success[j]), clip) for j, clip in videos.items()}, ev.video_fps)
+    return results
+
+
+def write_results(results: dict[str, Any], out: str | Path, videos: dict, fps: int) -> None:
+    """``results.json``, ``results.md`` and captioned ``videos/<task>_<episode>.mp4`` in ``out``."""
+    from worldloop.sims.tasks import instruction
+    from worldloop.utils.io import atomic_write_json, atomic_write_text
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "results.json", results)
+    atomic_write_text(out / "results.md", results_table(results))
+    if videos:
+        from worldloop.data.video import write_mp4
+        from worldloop.utils.draw import caption
+
+        for (task, episode), succeeded, clip in videos.values():
+            write_mp4(out / "videos" / f"{task}_{episode:03d}.mp4", caption(clip, instruction(task), succeeded), fps)
+
+
+def results_table(results: dict[str, Any]) -> str:
+    """A Markdown table: one row per task and the overall rate, each with its standard error."""
+    mode = "expert" if results["policy"] == EXPERT else ("greedy" if results["greedy"] else f"temperature {results['temperature']}")
+    lines = [
+        f"# Evaluation of {results['policy']} ({mode})",
+        "",
+        "| task | success_once | ± stderr | episodes | mean length |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for task, row in results["per_task"].items():
+        lines.append(f"| {task} | {row['success_once']:.3f} | {row['stderr']:.3f} | {row['episodes']} | {row['mean_episode_length']:.1f} |")
+    lines.append(f"| **overall** | **{results['success_once']:.3f}** | {results['stderr']:.3f} | {results['episodes']} | {results['mean_episode_length']:.1f} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,300 @@
+"""Supervised fine-tuning of the CompactVLA on demonstrations (behaviour cloning on action tokens).
+
+One training sample is (frame t, instruction, actions t .. t+K-1), the chunk padded by repeating
+the episode's last action; the loss is the cross-entropy of the K x A action tokens. Read top to
+bottom, :func:`fit_policy` is the whole algorithm:
+
+    fit the action tokenizer on the training actions -> build the policy -> AdamW + warm-up/cosine
+    -> loop: sample a batch, random shift, forward (bf16 on GPU), token cross-entropy, step
+       every eval_every: held-out loss and token accuracy; every checkpoint_every: a resume point
+    -> the model folder (config.json, model.safetensors, norm_stats.json) in OUT.
+
+All frames and targets are held in memory on the training device (uint8), so a step never waits
+for data. Resuming from OUT's latest checkpoint continues bit-exactly (same batches, same
+weights on CPU): the batch sampler is a seeded generator saved with the checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Protocol, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from worldloop.policies.modeling_vla import CompactVLA
+from worldloop.policies.tokenizer import ActionTokenizer
+
+
+class EpisodeLike(Protocol):
+    frames: Any  # (T, H, W, 3) uint8
+    actions: Any  # (T, A) float32
+    success: Any  # (T,) bool
+    instruction: str
+
+
+@dataclass
+class Samples:
+    """Every (frame, instruction, action chunk) sample of a set of episodes, as tensors."""
+
+    frames: torch.Tensor
+    """(N, H, W, 3) uint8: the observation of each sample."""
+    chunks: torch.Tensor
+    """(N, K, A) float32: the K actions from that frame on (last action repeated past the end)."""
+    instruction_ids: torch.Tensor
+    """(N,) int64 index into ``instructions``."""
+    instructions: list[str]
+
+    def __len__(self) -> int:
+        return len(self.frames)
+
+    def to(self, device: torch.device) -> Samples:
+        return Samples(self.frames.to(device), self.chunks.to(device), self.instruction_ids.to(device), self.instructions)
+
+
+def action_chunks(actions: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """(T, A) -> (T, K, A): row t holds actions t .. t+K-1, repeating the last action past the end."""
+    steps = len(actions)
+    index = (torch.arange(steps)[:, None] + torch.arange(chunk_size)[None, :]).clamp(max=steps - 1)
+    return actions[index]
+
+
+def build_samples(episodes: Iterable[EpisodeLike], chunk_size: int, instructions: Sequence[str]) -> Samples:
+    """All samples of ``episodes``; ``instructions`` fixes the id of each instruction."""
+    frames, chunks, ids = [], [], []
+    for episode in episodes:
+        episode_frames = torch.from_numpy(np.array(episode.frames, dtype=np.uint8))  # a copy: frames may be read-only maps
+        actions = torch.from_numpy(np.array(episode.actions, dtype=np.float32))
+        if len(episode_frames) != len(actions) or len(actions) == 0:
+            raise ValueError(f"episode with instruction {episode.instruction!r} has {len(episode_frames)} frames and {len(actions)} actions")
+        frames.append(episode_frames)
+        chunks.append(action_chunks(actions, chunk_size))
+        ids.append(torch.full((len(actions),), list(instructions).index(episode.instruction), dtype=torch.int64))
+    if not frames:
+        raise ValueError("no episodes to build samples from")
+    return Samples(torch.cat(frames), torch.cat(chunks), torch.cat(ids), list(instructions))
+
+
+def warmup_cosine(step: int, warmup: int, total: int) -> float:
+    """LR multiplier: linear warm-up over ``warmup`` steps, then cosine decay to 0 at ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def random_shift(images: torch.Tensor, shift: int, generator: torch.Generator) -> torch.Tensor:
+    """Shift each image by up to ``shift`` pixels in x and y, repeating the edge (pad + random crop)."""
+    batch, height, width, _ = images.shape
+    offsets = torch.randint(-shift, shift + 1, (batch, 2), generator=generator).to(images.device)
+    rows = (torch.arange(height, device=images.device)[None] + offsets[:, :1]).clamp(0, height - 1)  # (B, H)
+    cols = (torch.arange(width, device=images.device)[None] + offsets[:, 1:]).clamp(0, width - 1)  # (B, W)
+    return images[torch.arange(batch, device=images.device)[:, None, None], rows[:, :, None], cols[:, None, :]]
+
+
+@torch.no_grad()
+def held_out_metrics(policy: CompactVLA, samples: Samples, tokens: torch.Tensor, max_samples: int, batch_size: int) -> dict[str, float]:
+    """Token cross-entropy and accuracy on a fixed, evenly spaced subset of ``samples``."""
+    index = torch.linspace(0, len(samples) - 1, min(max_samples, len(samples))).round().long().unique()
+    was_training = policy.training
+    policy.eval()
+    total_loss, correct, count = 0.0, 0, 0
+    for start in range(0, len(index), batch_size):
+        part = index[start : start + batch_size].to(samples.frames.device)
+        with _autocast(policy.device):
+            logits, _ = policy(samples.frames[part], [samples.instructions[i] for i in samples.instruction_ids[part].tolist()])
+        target = tokens[part]
+        total_loss += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="sum").item()
+        correct += (logits.argmax(-1) == target).sum().item()
+        count += target.numel()
+    policy.train(was_training)
+    return {"loss": total_loss / count, "token_accuracy": correct / count}
+
+
+def _autocast(device: torch.device):
+    from worldloop.utils.device import autocast_dtype
+
+    dtype = autocast_dtype(device)
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else torch.autocast(device.type, enabled=False)
+
+
+def fit_policy(
+    config,
+    train_episodes: Iterable[EpisodeLike],
+    held_out_episodes: Iterable[EpisodeLike],
+    out: str | Path,
+    instructions: Sequence[str],
+    image_size: int,
+    action_dim: int,
+    stop_after: int | None = None,
+    extra_results: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Train a CompactVLA with ``config.policy`` / ``config.sft`` and write it to ``out``.
+
+    Resumes from ``out``'s latest checkpoint when there is one. ``stop_after`` ends the run after
+    that many steps (with a checkpoint), as an interruption would. Returns the results dict, also
+    written to ``out/sft_results.json``.
+    """
+    from torch.utils.tensorboard import SummaryWriter
+    from tqdm import tqdm
+
+    from worldloop.config import save_config
+    from worldloop.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from worldloop.utils.device import resolve_device
+    from worldloop.utils.io import atomic_write_json
+
+    sft, out = config.sft, Path(out)
+    device = resolve_device(config.device)
+    torch.manual_seed(config.seed)
+    chunk_size = config.policy.chunk_size
+
+    train = build_samples(train_episodes, chunk_size, instructions)
+    held_out_list = list(held_out_episodes)
+    held_out = build_samples(held_out_list, chunk_size, instructions) if held_out_list else None
+    tokenizer = ActionTokenizer.fit(train.chunks[:, 0], config.policy.norm_percentiles, config.policy.num_bins)
+    if tuple(train.frames.shape[1:]) != (image_size, image_size, 3) or train.chunks.shape[-1] != action_dim:
+        raise ValueError(f"episodes have frames {tuple(train.frames.shape[1:])} and {train.chunks.shape[-1]}-d actions; expected {image_size}x{image_size} and {action_dim}")
+
+    policy = CompactVLA(config.policy, action_dim, image_size, tokenizer)
+    policy.add_instructions(list(instructions))
+    policy.to(device).train()
+    train = train.to(device)
+    train_tokens = tokenizer.encode(train.chunks)  # (N, K, A)
+    if held_out is not None:
+        held_out = held_out.to(device)
+        held_out_tokens = tokenizer.encode(held_out.chunks)
+
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=sft.lr, weight_decay=sft.weight_decay, betas=(0.9, 0.95))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, sft.warmup_steps, sft.steps))
+    sampler = torch.Generator().manual_seed(config.seed)
+    stateful = {"optimizer": optimizer, "scheduler": scheduler, "sampler": sampler}
+    start = 0
+    resume = latest_checkpoint(out)
+    if resume is not None:
+        start, _ = load_checkpoint(resume, {"model": policy}, stateful)
+        print(f"sft: resuming from {resume} (step {start})")
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(config, out)
+
+    writer = SummaryWriter(str(out / "tb"))
+    metrics: dict[str, float] = {}
+    last_loss = float("nan")
+    started = time.time()
+    end = sft.steps if stop_after is None else min(sft.steps, stop_after)
+    progress = tqdm(range(start, end), initial=start, total=sft.steps, desc="sft", dynamic_ncols=True, disable=None)
+    for step in progress:
+        index = torch.randint(len(train), (sft.batch_size,), generator=sampler)
+        images = train.frames[index.to(device)]
+        if sft.augment_shift:
+            images = random_shift(images, sft.augment_shift, sampler)
+        batch_instructions = [instructions[i] for i in train.instruction_ids[index.to(device)].tolist()]
+        with _autocast(device):
+            logits, _ = policy(images, batch_instructions)  # (B, K, A, bins)
+        target = train_tokens[index.to(device)]
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if sft.grad_clip:
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), sft.grad_clip)
+        optimizer.step()
+        scheduler.step()
+
+        done = step + 1
+        last_loss = loss.item()
+        writer.add_scalar("train/loss", last_loss, done)
+        writer.add_scalar("train/lr", scheduler.get_last_lr()[0], done)
+        progress.set_postfix(loss=f"{last_loss:.3f}")
+        if held_out is not None and (done % sft.eval_every == 0 or done == sft.steps):
+            metrics = held_out_metrics(policy, held_out, held_out_tokens, sft.held_out_samples, sft.batch_size)
+            writer.add_scalar("held_out/loss", metrics["loss"], done)
+            writer.add_scalar("held_out/token_accuracy", metrics["token_accuracy"], done)
+        if done < sft.steps and (done % sft.checkpoint_every == 0 or done == end):
+            save_checkpoint(out, done, {"model": policy}, stateful, extra={"train_loss": last_loss})
+    progress.close()
+    writer.close()
+    elapsed = time.time() - started
+    if end < sft.steps:
+        return {"stopped_at": end}
+
+    results = {
+        "steps": sft.steps,
+        "train_samples": len(train),
+        "held_out_samples": 0 if held_out is None else len(held_out),
+        "final_train_loss": last_loss,
+        "held_out_loss": metrics.get("loss"),
+        "held_out_token_accuracy": metrics.get("token_accuracy"),
+        "seconds": elapsed,
+        "seconds_per_step": elapsed / max(1, end - start),
+        "parameters": sum(p.numel() for p in policy.parameters()),
+        **(extra_results or {}),
+    }
+    publish_model(policy.cpu().eval(), out)
+    atomic_write_json(out / "sft_results.json", results)
+    return results
+
+
+def publish_model(policy: CompactVLA, out: Path) -> None:
+    """Write the model files into ``out`` beside its tb/ and checkpoints/ (which stay): the folder
+    is saved whole under a staging name, then each file is renamed into place, config.json last."""
+    staging = out / ".model-staging"
+    policy.save_pretrained(staging)
+    names = sorted(p.name for p in staging.iterdir())
+    for name in [n for n in names if n != "config.json"] + ["config.json"]:
+        os.replace(staging / name, out / name)
+    staging.rmdir()
+
+
+# ------------------------------------------------------------------------------------------------
+# From a dataset folder
+
+
+def select_episodes(summaries: Sequence[tuple[int, int, bool, bool]], per_task: int) -> list[int]:
+    """From (episode index, task index, succeeded, clean) rows, up to ``per_task`` episodes of each
+    task (0: all): successful ones first, clean (not noisy-expert) ones next, then in index order."""
+    by_task: dict[int, list[tuple[int, int, bool, bool]]] = {}
+    for summary in summaries:
+        by_task.setdefault(summary[1], []).append(summary)
+    chosen = []
+    for task in sorted(by_task):
+        ranked = sorted(by_task[task], key=lambda s: (not s[2], not s[3], s[0]))
+        chosen.extend(s[0] for s in (ranked[:per_task] if per_task else ranked))
+    return sorted(chosen)
+
+
+def train_sft(config, dataset: str | Path, out: str | Path, episodes_per_task: int | None = None, stop_after: int | None = None) -> dict[str, Any]:
+    """``worldloop sft``: choose episodes from a LeRobot dataset folder, then :func:`fit_policy`."""
+    from worldloop.data.dataset import TrajectoryDataset, split_episodes
+
+    per_task = config.sft.episodes_per_task if episodes_per_task is None else episodes_per_task
+    ds = TrajectoryDataset(dataset)
+    train_ids, held_ids = split_episodes(ds, held_out_fraction=config.sft.held_out_fraction, seed=config.seed)
+    summaries = [episode_summary(ds, i) for i in train_ids]
+    chosen = select_episodes(summaries, per_task)
+    print(f"sft: {len(chosen)} training episodes ({per_task or 'all'} per task), {len(held_ids)} held out, from {dataset}")
+    extra = {"dataset": str(dataset), "episodes_per_task": per_task, "train_episodes": chosen, "held_out_episodes": list(held_ids)}
+    return fit_policy(
+        config,
+        (ds.episode(i) for i in chosen),
+        (ds.episode(i) for i in held_ids),
+        out,
+        instructions=list(ds.tasks),
+        image_size=ds.image_size,
+        action_dim=ds.action_dim,
+        stop_after=stop_after,
+        extra_results=extra,
+    )
+
+
+def episode_summary(ds, index: int) -> tuple[int, int, bool, bool]:
+    """(index, task index, succeeded, clean) of one episode, from the episode table when it records them."""
+    info = ds.episode_info(index)
+    clean = not info.get("noisy", False)
+    if "success" in info:
+        return index, int(ds.task_indices[index]), bool(info["success"]), clean
+    episode = ds.episode(index)
+    return index, int(episode.task_index), bool(torch.as_tensor(episode.success).any()), clean

@@ -1,0 +1,150 @@
+"""The loop's report: RUN/results.json (every number) and RUN/report.md (the same numbers, with
+PNG plots and links to videos). The Markdown is rendered from results.json, so the two agree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from worldloop.utils.io import atomic_write_json, atomic_write_text, read_json
+
+POLICY_STAGES = {"base": "eval_base", "stage1": "eval_rl1", "stage2": "eval_rl2"}
+RL_STAGES = {"stage1": "rl1", "stage2": "rl2"}
+
+
+def collect_results(run: Path, paths: dict[str, str], stage_seconds: dict[str, float]) -> dict[str, Any]:
+    """Gather the numbers the stages wrote into one mapping."""
+    evaluations = {name: read_json(run / folder / "results.json") for name, folder in POLICY_STAGES.items() if (run / folder / "results.json").is_file()}
+    tasks = next(iter(evaluations.values()))["per_task"].keys() if evaluations else []
+    per_task = {
+        task: {name: _rate(result["per_task"][task]) for name, result in evaluations.items() if task in result["per_task"]} for task in tasks
+    }
+    overall = {name: _rate(result) for name, result in evaluations.items()}
+    imagination = {}
+    for name, key in RL_STAGES.items():
+        file = Path(paths[key]) / "results.json"
+        if file.is_file():
+            rl = read_json(file)
+            imagination[name] = {
+                "evaluations": [
+                    {"iteration": e["iteration"], "real": _rate(e["real"]), **({"imagined": _rate(e["imagined"])} if "imagined" in e else {})}
+                    for e in rl["evaluations"]
+                ],
+                "train_success": [h.get("env/success_once") for h in rl["history"]],
+            }
+    world_model = {}
+    for name, folder in (("base", "eval_wm_base"),):
+        file = run / folder / "metrics.json"
+        if file.is_file():
+            world_model[name] = read_json(file)["horizons"]
+    return {
+        "overall": overall,
+        "per_task": per_task,
+        "imagination_vs_reality": imagination,
+        "world_model": world_model,
+        "stage_seconds": stage_seconds,
+        "paths": paths,
+    }
+
+
+def write_report(run: Path, paths: dict[str, str], stage_seconds: dict[str, float]) -> Path:
+    results = collect_results(run, paths, stage_seconds)
+    atomic_write_json(run / "results.json", results)
+    plots = write_plots(run, results)
+    atomic_write_text(run / "report.md", render_markdown(run, results, plots))
+    print(f"loop: report at {run / 'report.md'}")
+    return run / "report.md"
+
+
+def render_markdown(run: Path, results: dict[str, Any], plots: list[str]) -> str:
+    names = [n for n in POLICY_STAGES if n in results["overall"]]
+    lines = ["# worldloop report", "", f"Run folder: `{run}`. Every number below is also in `results.json`.", ""]
+    lines += ["## Real-simulator success (success_once ± standard error, episodes)", ""]
+    lines += ["| task | " + " | ".join(names) + " |", "| --- |" + " ---: |" * len(names)]
+    for task, row in results["per_task"].items():
+        lines.append(f"| {task} | " + " | ".join(_cell(row.get(n)) for n in names) + " |")
+    lines.append("| **overall** | " + " | ".join(_cell(results["overall"][n]) for n in names) + " |")
+    if results["imagination_vs_reality"]:
+        lines += ["", "## Imagination vs reality (same policy, same initial states)", "", "| RL stage | iteration | real | imagined |", "| --- | ---: | ---: | ---: |"]
+        for stage, block in results["imagination_vs_reality"].items():
+            for e in block["evaluations"]:
+                lines.append(f"| {stage} | {e['iteration']} | {_cell(e['real'])} | {_cell(e.get('imagined'))} |")
+    for name, horizons in results["world_model"].items():
+        lines += ["", f"## World model ({name}): open-loop replay of held-out trajectories", ""]
+        lines += ["| horizon | episodes | PSNR | copy-last-frame PSNR | SSIM | copy-last-frame SSIM |", "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for h, m in horizons.items():
+            lines.append(f"| {h} | {m['episodes']} | {m['psnr']:.2f} | {m['copy_last_frame_psnr']:.2f} | {m['ssim']:.3f} | {m['copy_last_frame_ssim']:.3f} |")
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots]
+    videos = sorted(str(p.relative_to(run)) for p in run.glob("eval_*/**/*.mp4"))
+    if videos:
+        lines += ["", "## Videos", ""] + [f"- [{v}]({v})" for v in videos[:24]]
+    lines += ["", "## Stage times (seconds)", ""] + [f"- {name}: {seconds:.0f}" for name, seconds in results["stage_seconds"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_plots(run: Path, results: dict[str, Any]) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    names = [n for n in POLICY_STAGES if n in results["overall"]]
+    if results["per_task"] and names:
+        tasks = list(results["per_task"])
+        fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(tasks)), 3.5))
+        width = 0.8 / len(names)
+        for i, name in enumerate(names):
+            rows = [results["per_task"][t].get(name, {"success_once": 0.0, "stderr": 0.0}) for t in tasks]
+            xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(tasks))]
+            ax.bar(xs, [r["success_once"] for r in rows], width, yerr=[r["stderr"] for r in rows], label=name, capsize=2)
+        ax.set_xticks(range(len(tasks)), tasks, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("real success_once")
+        ax.set_ylim(0, 1.05)
+        ax.legend(fontsize=8)
+        written.append(_save(fig, run / "per_task.png", run))
+    blocks = results["imagination_vs_reality"]
+    if blocks:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
+        offset = 0
+        for stage, block in blocks.items():
+            train = [v for v in block["train_success"] if v is not None]
+            left.plot(range(offset, offset + len(train)), train, label=f"{stage}: imagined (training)")
+            real = block["evaluations"]
+            left.errorbar([offset + e["iteration"] for e in real], [e["real"]["success_once"] for e in real], yerr=[e["real"]["stderr"] for e in real], fmt="o", label=f"{stage}: real eval")
+            offset += len(train)
+            pairs = [e for e in real if "imagined" in e]
+            right.errorbar(
+                [e["real"]["success_once"] for e in pairs], [e["imagined"]["success_once"] for e in pairs],
+                xerr=[e["real"]["stderr"] for e in pairs], yerr=[e["imagined"]["stderr"] for e in pairs], fmt="o", label=stage,
+            )  # fmt: skip
+        left.set_xlabel("RL iteration")
+        left.set_ylabel("success_once")
+        left.legend(fontsize=7)
+        right.plot([0, 1], [0, 1], "k--", linewidth=0.8)
+        right.set_xlabel("real success_once")
+        right.set_ylabel("imagined success_once")
+        right.legend(fontsize=7)
+        written.append(_save(fig, run / "learning_curves.png", run))
+    return written
+
+
+def _save(fig, path: Path, run: Path) -> str:
+    from worldloop.utils.io import atomic_path
+
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return str(path.relative_to(run))
+
+
+def _rate(block: dict[str, Any]) -> dict[str, Any]:
+    return {"success_once": block["success_once"], "stderr": block["stderr"], "episodes": block["episodes"]}
+
+
+def _cell(rate: dict[str, Any] | None) -> str:
+    return "-" if rate is None else f"{rate['success_once']:.3f} ± {rate['stderr']:.3f} (n={rate['episodes']})"

@@ -1,0 +1,102 @@
+"""Calibrating a judge on labelled windows of real trajectories (``worldloop calibrate-reward``).
+
+Every ``stride``-th labelled frame of each episode ends one window (labels.py); the judge scores
+all windows in batches. Reported in ``OUT/metrics.json``:
+
+- ``auroc``: does the score rank success windows above failure windows;
+- ``at_threshold``: precision, recall and trigger rate (share of windows judged success) at the
+  judge's own threshold, i.e. how often it would end an imagined episode;
+- ``suggested_threshold``: the probabilities that maximise F1 and Youden's J on these windows;
+- ``value_order_correlation``: Spearman between score and time within successful episodes
+  (TOPReward's VOC; a progress-aware judge rises along a successful trajectory);
+- ``OUT/histogram.png``: P(success) of success vs failure windows, with the threshold marked.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from worldloop.rewards.configuration import CalibrateConfig
+from worldloop.rewards.labels import labelled_windows
+from worldloop.rewards.metrics import at_threshold, auroc, suggest_thresholds, value_order_correlation
+from worldloop.rewards.protocol import Judge
+from worldloop.utils.io import atomic_path, atomic_write_json
+
+
+def score_windows(judge: Judge, episodes: Iterable[Any], config: CalibrateConfig) -> dict[str, np.ndarray]:
+    """Score every labelled window; returns per-window arrays (score, probability, label, episode, time)."""
+    from tqdm import tqdm
+
+    columns: dict[str, list] = {"score": [], "probability": [], "success": [], "episode": [], "time": [], "episode_success": []}
+    for batch in tqdm(labelled_windows(episodes, judge.window, config.stride, config.batch_size), desc="calibrate-reward", unit="batch"):
+        scores = judge.score(batch.windows.to(judge.device), batch.instructions)
+        columns["score"].append(scores.float().cpu().numpy())
+        columns["probability"].append(judge.probability(scores).float().cpu().numpy())
+        columns["success"].append(batch.success.numpy())
+        columns["episode"].append(batch.episode.numpy())
+        columns["time"].append(batch.time.numpy())
+        columns["episode_success"].append(batch.episode_success.numpy())
+    if not columns["score"]:
+        raise ValueError("calibrate-reward: the episodes hold no labelled window")
+    return {key: np.concatenate(values) for key, values in columns.items()}
+
+
+def calibration_metrics(table: dict[str, np.ndarray], threshold: float) -> dict:
+    probability, labels = table["probability"], table["success"].astype(bool)
+    successful = table["episode_success"].astype(bool)
+    return {
+        "windows": int(len(labels)),
+        "success_windows": int(labels.sum()),
+        "episodes": int(len(np.unique(table["episode"]))),
+        "auroc": auroc(probability, labels),
+        "at_threshold": at_threshold(probability, labels, threshold),
+        "suggested_threshold": suggest_thresholds(probability, labels),
+        "value_order_correlation": value_order_correlation(table["score"][successful], table["time"][successful], table["episode"][successful]),
+        "probability_mean": {
+            "success": float(probability[labels].mean()) if labels.any() else None,
+            "failure": float(probability[~labels].mean()) if (~labels).any() else None,
+        },
+    }
+
+
+def plot_histogram(table: dict[str, np.ndarray], threshold: float, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    probability, labels = table["probability"], table["success"].astype(bool)
+    figure, axis = plt.subplots(figsize=(6, 3.5), dpi=120)
+    bins = np.linspace(0.0, 1.0, 41)
+    axis.hist(probability[~labels], bins=bins, alpha=0.6, label=f"failure windows (n={int((~labels).sum())})", color="tab:red")
+    axis.hist(probability[labels], bins=bins, alpha=0.6, label=f"success windows (n={int(labels.sum())})", color="tab:green")
+    axis.axvline(threshold, color="black", linestyle="--", label=f"threshold {threshold:.2f}")
+    axis.set_xlabel("judge P(success)")
+    axis.set_ylabel("windows")
+    axis.set_yscale("log")
+    axis.set_title(title, fontsize=9)
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    with atomic_path(path) as tmp:
+        figure.savefig(tmp, format="png")
+    plt.close(figure)
+
+
+def calibrate(judge: Judge, episodes: Iterable[Any], config: CalibrateConfig, out: str | Path, judge_name: str) -> dict:
+    """Score, measure, plot; writes ``out/metrics.json`` and ``out/histogram.png``."""
+    out = Path(out)
+    start = time.perf_counter()
+    table = score_windows(judge, episodes, config)
+    seconds = time.perf_counter() - start
+    metrics = {"judge": judge_name, "window": judge.window, **calibration_metrics(table, judge.threshold)}
+    metrics["windows_per_second"] = metrics["windows"] / seconds
+    auc = "n/a" if metrics["auroc"] is None else f"{metrics['auroc']:.3f}"
+    plot_histogram(table, judge.threshold, out / "histogram.png", f"{judge_name}  AUROC {auc}")
+    with atomic_path(out / "scores.npz") as tmp, open(tmp, "wb") as handle:
+        np.savez_compressed(handle, **table)
+    atomic_write_json(out / "metrics.json", metrics)
+    return metrics

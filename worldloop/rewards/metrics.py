@@ -1,0 +1,93 @@
+"""How far a judge can be trusted: ranking, decisions at a threshold, order within episodes.
+
+Plain numpy (no scikit-learn or scipy needed on the GPU host).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def average_ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks 1..n with ties sharing their mean rank."""
+    values = np.asarray(values, dtype=np.float64)
+    order = np.argsort(values, kind="mergesort")
+    sorted_values = values[order]
+    first = np.r_[True, sorted_values[1:] != sorted_values[:-1]]  # start of each tie group
+    group = np.cumsum(first) - 1
+    starts = np.flatnonzero(first)
+    ends = np.r_[starts[1:], len(values)]
+    mean_rank = (starts + ends + 1) / 2.0  # mean of ranks start+1 .. end
+    ranks = np.empty(len(values))
+    ranks[order] = mean_rank[group]
+    return ranks
+
+
+def auroc(probabilities: np.ndarray, labels: np.ndarray) -> float | None:
+    """Area under the ROC curve (Mann-Whitney U / (n_pos n_neg)); None when one class is absent."""
+    labels = np.asarray(labels, dtype=bool)
+    positives, negatives = int(labels.sum()), int((~labels).sum())
+    if positives == 0 or negatives == 0:
+        return None
+    ranks = average_ranks(probabilities)
+    return float((ranks[labels].sum() - positives * (positives + 1) / 2.0) / (positives * negatives))
+
+
+def at_threshold(probabilities: np.ndarray, labels: np.ndarray, threshold: float) -> dict[str, float | None]:
+    """Precision, recall, F1, trigger rate (share judged success) and false-positive rate at ``threshold``."""
+    labels = np.asarray(labels, dtype=bool)
+    fired = np.asarray(probabilities) >= threshold
+    true_positive = int((fired & labels).sum())
+    precision = true_positive / int(fired.sum()) if fired.any() else None
+    recall = true_positive / int(labels.sum()) if labels.any() else None
+    f1 = 2 * precision * recall / (precision + recall) if precision and recall else 0.0
+    return {
+        "threshold": float(threshold),
+        "precision": precision,
+        "recall": recall,
+        "f1": f1,
+        "trigger_rate": float(fired.mean()) if len(fired) else None,
+        "false_positive_rate": float((fired & ~labels).sum() / (~labels).sum()) if (~labels).any() else None,
+    }
+
+
+def suggest_thresholds(probabilities: np.ndarray, labels: np.ndarray) -> dict[str, float | None]:
+    """Thresholds (among the observed probabilities) that maximise F1 and Youden's J = TPR - FPR."""
+    labels = np.asarray(labels, dtype=bool)
+    positives, negatives = int(labels.sum()), int((~labels).sum())
+    if positives == 0 or negatives == 0:
+        return {"max_f1": None, "youden": None}
+    probabilities = np.asarray(probabilities, dtype=np.float64)
+    order = np.argsort(-probabilities, kind="mergesort")
+    p, y = probabilities[order], labels[order]
+    last_of_value = np.r_[p[1:] != p[:-1], True]  # "fire when >= p[i]" includes all ties of p[i]
+    true_pos = np.cumsum(y)[last_of_value]
+    fired = (np.arange(1, len(p) + 1))[last_of_value]
+    thresholds = p[last_of_value]
+    precision, recall = true_pos / fired, true_pos / positives
+    f1 = 2 * precision * recall / np.maximum(precision + recall, 1e-12)
+    youden = recall - (fired - true_pos) / negatives
+    return {"max_f1": float(thresholds[np.argmax(f1)]), "youden": float(thresholds[np.argmax(youden)])}
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float | None:
+    """Spearman rank correlation; None when either side is constant."""
+    rx, ry = average_ranks(x), average_ranks(y)
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    denominator = np.sqrt((rx**2).sum() * (ry**2).sum())
+    return float((rx * ry).sum() / denominator) if denominator > 0 else None
+
+
+def value_order_correlation(scores: np.ndarray, times: np.ndarray, episodes: np.ndarray) -> dict[str, float | None]:
+    """Value-Order Correlation: Spearman between score and time within each episode, averaged over
+    episodes (a judge that tracks progress rises along a successful episode: VOC near 1)."""
+    values = []
+    for episode in np.unique(episodes):
+        mask = episodes == episode
+        if mask.sum() >= 3:
+            value = spearman(scores[mask], times[mask])
+            if value is not None:
+                values.append(value)
+    if not values:
+        return {"mean": None, "std": None, "episodes": 0}
+    return {"mean": float(np.mean(values)), "std": float(np.std(values)), "episodes": len(values)}

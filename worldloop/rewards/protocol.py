@@ -1,0 +1,77 @@
+"""The success-judge protocol shared by the trained classifier and TOPReward.
+
+A judge reads, per environment, the last ``window`` frames and its instruction, and returns a
+score and a success decision. Everything is batched over environments: one call scores all of them,
+on the judge's device, without a Python loop over environments.
+
+    judge = load_judge("runs/rw", device)                  # a classifier folder
+    judge = load_judge("topreward:/models/Qwen3-VL-8B-Instruct", device)
+    scores = judge.score(windows, instructions)            # windows (B, judge.window, H, W, 3) uint8
+    done = judge.success(windows, instructions)            # (B,) bool: probability(score) >= threshold
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol, Sequence, runtime_checkable
+
+import torch
+
+TOPREWARD_PREFIX = "topreward:"
+
+
+@runtime_checkable
+class Judge(Protocol):
+    """Scores windows of frames for task success."""
+
+    window: int
+    """Frames the judge reads per environment (1 for the classifier, 16 for TOPReward)."""
+    threshold: float
+    """Success when ``probability(score) >= threshold``."""
+    device: torch.device
+
+    def score(self, windows: torch.Tensor, instructions: Sequence[str]) -> torch.Tensor:
+        """(B, window, H, W, 3) uint8 + B instructions -> (B,) float32 scores (higher = more success)."""
+        ...
+
+    def probability(self, scores: torch.Tensor) -> torch.Tensor:
+        """Scores -> P(success) in [0, 1], the scale of ``threshold``."""
+        ...
+
+    def success(self, windows: torch.Tensor, instructions: Sequence[str]) -> torch.Tensor:
+        """(B,) bool: ``probability(score(...)) >= threshold``."""
+        ...
+
+
+def check_windows(windows: torch.Tensor, instructions: Sequence[str], window: int, who: str) -> None:
+    """Raise a clear error unless ``windows`` is (B, window, H, W, 3) uint8 with B instructions."""
+    if not isinstance(windows, torch.Tensor):
+        raise TypeError(f"{who}: windows must be a torch.Tensor (B, {window}, H, W, 3) uint8, got {type(windows).__name__}")
+    if windows.dtype != torch.uint8:
+        raise TypeError(f"{who}: windows must be uint8 RGB, got {windows.dtype}")
+    if windows.ndim != 5 or windows.shape[-1] != 3:
+        raise ValueError(f"{who}: windows must have shape (B, {window}, H, W, 3), got {tuple(windows.shape)}")
+    if windows.shape[1] != window:
+        raise ValueError(f"{who}: this judge reads windows of {window} frames, got {windows.shape[1]} (shape {tuple(windows.shape)})")
+    if isinstance(instructions, str) or len(instructions) != windows.shape[0]:
+        got = "a single string" if isinstance(instructions, str) else f"{len(instructions)} instructions"
+        raise ValueError(f"{who}: expected one instruction per window ({windows.shape[0]}), got {got}")
+
+
+def load_judge(spec: str | Path, device: torch.device | str = "cpu", config=None) -> Judge:
+    """A judge from ``spec``: a classifier folder written by ``worldloop train-reward``, or
+    ``"topreward:PATH"`` with PATH a local Qwen3-VL folder. ``config`` (a RewardConfig) sets
+    TOPReward's threshold, window and batching; the classifier keeps what it was saved with."""
+    from worldloop.rewards.configuration import RewardConfig
+
+    device = torch.device(device)
+    spec = str(spec)
+    if spec.startswith(TOPREWARD_PREFIX):
+        from worldloop.rewards.topreward import TOPReward
+
+        return TOPReward.from_pretrained(spec[len(TOPREWARD_PREFIX) :], device, (config or RewardConfig()).topreward)
+    from worldloop.rewards.classifier import SuccessClassifier
+
+    if not Path(spec).is_dir():
+        raise FileNotFoundError(f"judge '{spec}' is neither a classifier folder nor 'topreward:PATH'")
+    return SuccessClassifier.from_pretrained(spec, device)

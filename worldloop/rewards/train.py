@@ -1,0 +1,131 @@
+"""Training the success classifier (``worldloop train-reward``), top to bottom.
+
+labelled frames (see labels.py) -> class-balanced batches (half success, half failure) ->
+world-model artefact augmentations on the device -> BCE -> AdamW step; every ``eval_every``
+steps: held-out AUROC to TensorBoard and an atomic checkpoint (exact resume). At the end the
+classifier is saved to ``RW/model`` and its held-out metrics to ``RW/metrics.json``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from worldloop.rewards.augment import world_model_artefacts
+from worldloop.rewards.classifier import MODEL_SUBFOLDER, SuccessClassifier
+from worldloop.rewards.configuration import ClassifierConfig
+from worldloop.rewards.labels import NO_POSITIVE_HINT, LabelledFrames
+from worldloop.rewards.metrics import at_threshold, auroc, suggest_thresholds
+from worldloop.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from worldloop.utils.device import autocast_dtype
+from worldloop.utils.io import atomic_write_json
+
+
+@torch.no_grad()
+def predict(model: SuccessClassifier, data: LabelledFrames, batch_size: int = 256) -> np.ndarray:
+    """P(success) for every frame of ``data``."""
+    model.eval()
+    dtype = autocast_dtype(model.device)
+    out = []
+    for start in range(0, len(data), batch_size):
+        frames = data.frames[start : start + batch_size]
+        with torch.autocast(model.device.type, dtype=dtype, enabled=dtype is not None):
+            logits = model(model.prepare(frames), data.task[start : start + batch_size].to(model.device))
+        out.append(torch.sigmoid(logits.float()).cpu())
+    return torch.cat(out).numpy()
+
+
+def evaluate(model: SuccessClassifier, data: LabelledFrames) -> dict:
+    probabilities = predict(model, data)
+    labels = data.success.cpu().numpy()
+    return {
+        "frames": len(labels),
+        "success_frames": int(labels.sum()),
+        "auroc": auroc(probabilities, labels),
+        "at_threshold": at_threshold(probabilities, labels, model.threshold),
+        "suggested_threshold": suggest_thresholds(probabilities, labels),
+    }
+
+
+def balanced_batch(positives: torch.Tensor, negatives: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """Indices: half drawn (with replacement) from the success frames, half from the failure frames."""
+    half = batch_size // 2
+    pick_pos = positives[torch.randint(len(positives), (half,), device=positives.device)]
+    pick_neg = negatives[torch.randint(len(negatives), (batch_size - half,), device=negatives.device)]
+    return torch.cat([pick_pos, pick_neg])
+
+
+def train_classifier(
+    train: LabelledFrames,
+    held_out: LabelledFrames | None,
+    config: ClassifierConfig,
+    out: str | Path,
+    device: torch.device,
+    seed: int = 0,
+) -> dict:
+    """Train, checkpoint, evaluate and save; returns the metrics written to ``out/metrics.json``."""
+    from torch.utils.tensorboard import SummaryWriter
+    from tqdm import tqdm
+
+    out = Path(out)
+    if not train.success.any():
+        raise ValueError(f"training frames: {NO_POSITIVE_HINT}")
+    if train.success.all():
+        raise ValueError("training frames: every frame is labelled success; failure frames are needed too")
+    torch.manual_seed(seed)
+    model = SuccessClassifier(train.instructions, config.conditioning, config.input_size, config.threshold)
+    if config.pretrained_backbone:
+        model.load_backbone(config.pretrained_backbone)
+    model.to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    step = 0
+    checkpoint = latest_checkpoint(out)
+    if checkpoint is not None:
+        step, _ = load_checkpoint(checkpoint, {"model": model}, {"optimizer": optimizer})
+        print(f"train-reward: resuming from {checkpoint} (step {step})")
+
+    data = train.to(device)  # uint8 frames live on the device: batches are gathered there
+    positives = torch.nonzero(data.success).squeeze(1)
+    negatives = torch.nonzero(~data.success).squeeze(1)
+    dtype = autocast_dtype(device)
+    writer = SummaryWriter(str(out / "tb"))
+    progress = tqdm(total=config.steps, initial=step, desc="train-reward", unit="step", dynamic_ncols=True)
+    while step < config.steps:
+        model.train()
+        index = balanced_batch(positives, negatives, config.batch_size)
+        images = model.prepare(data.frames[index])
+        if config.augment:
+            images = world_model_artefacts(images, config.blur_prob, config.jitter, config.noise_std)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            logits = model(images, data.task[index])
+        loss = F.binary_cross_entropy_with_logits(logits.float(), data.success[index].float())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        step += 1
+        progress.update(1)
+        progress.set_postfix(loss=f"{loss.item():.3f}")
+        writer.add_scalar("train/bce", loss.item(), step)
+        if step % config.eval_every == 0 or step == config.steps:
+            if held_out is not None and len(held_out):
+                metrics = evaluate(model, held_out)
+                if metrics["auroc"] is not None:
+                    writer.add_scalar("held_out/auroc", metrics["auroc"], step)
+            save_checkpoint(out, step, {"model": model}, {"optimizer": optimizer})
+    progress.close()
+    writer.close()
+
+    model.eval()
+    model.save_pretrained(out / MODEL_SUBFOLDER)
+    metrics = {
+        "steps": step,
+        "threshold": model.threshold,
+        "conditioning": model.conditioning,
+        "train": evaluate(model, train),
+        "held_out": evaluate(model, held_out) if held_out is not None and len(held_out) else None,
+    }
+    atomic_write_json(out / "metrics.json", metrics)
+    return metrics

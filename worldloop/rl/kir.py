@@ -1,0 +1,184 @@
+"""KIR: keyframe-initialised rollouts. Task-critical intermediate states to start imagined episodes from.
+
+Keyframes come from two sources:
+
+- successful demonstrations of a dataset: the moment before each gripper change (the sign of
+  ``action[3]``, Meta-World's gripper command, flips) and before each contact (the first object's
+  position, ``state[4:7]`` in Meta-World's observation, starts to move), up to the first success;
+- with a policy: its real rollouts that failed, one state every ``kir_failure_stride`` frames and
+  before each of its gripper changes (the states the policy reaches and does not get out of).
+
+"The moment before" an event at frame t is frame t - ``kir_lead_frames``. Each keyframe keeps the 4
+frames before it (memory for the world model's context, the first frame repeated when the episode is
+younger), the actions that produced the last 4 frames up to it, and its episode's first frame (the
+world model's anchor).
+
+Format of a keyframe folder ``KF`` (next to the dataset by convention, e.g. ``DATASET/keyframes``):
+
+- ``KF/index.json``: ``{"format": "worldloop-keyframes/1", "dataset": path, "image_size": H,
+  "memory_frames": 4, "action_dim": A, "counts": {reason: n}, "entries": [{"episode": int,
+  "frame": int, "reason": "gripper"|"contact"|"policy_failure", "source": "dataset"|"policy",
+  "instruction": str}, ...]}`` (``episode``/``frame`` index the dataset episode, or the policy
+  rollout for ``source="policy"``);
+- ``KF/keyframes.npz``: arrays aligned with ``entries``: ``keyframe`` (M, H, W, 3) uint8,
+  ``memory`` (M, 4, H, W, 3) uint8 (frames frame-4 .. frame-1), ``anchor`` (M, H, W, 3) uint8,
+  ``memory_actions`` (M, 4, A) float32 (actions frame-4 .. frame-1; zero before the episode).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from worldloop.utils.io import atomic_path, atomic_write_json, read_json
+
+FORMAT = "worldloop-keyframes/1"
+INDEX_FILE = "index.json"
+ARRAYS_FILE = "keyframes.npz"
+MEMORY = 4
+GRIPPER = 3
+"""Index of the gripper command in the action (Meta-World: xyz delta, gripper)."""
+OBJECT = slice(4, 7)
+"""The first object's position in the state (Meta-World's 39-d observation)."""
+CONTACT_SPEED = 2e-3
+"""Object displacement per step (simulator units) above which it counts as moved."""
+SETTLE_FRAMES = 5
+"""Object motion in the first frames is the scene settling, not contact."""
+
+
+def gripper_changes(actions: np.ndarray) -> list[int]:
+    """Frames t at which the gripper command's sign flips (t is the first action of the new sign); [] without a gripper."""
+    if actions.ndim != 2 or actions.shape[1] <= GRIPPER:
+        return []
+    sign = np.sign(actions[:, GRIPPER])
+    return [int(t) for t in np.nonzero(sign[1:] * sign[:-1] < 0)[0] + 1]
+
+
+def contacts(state: np.ndarray | None) -> list[int]:
+    """Frames t at which the first object starts to move (after the settling frames); [] without a Meta-World state."""
+    if state is None or state.shape[1] < OBJECT.stop:
+        return []
+    moving = np.linalg.norm(np.diff(state[:, OBJECT], axis=0), axis=1) > CONTACT_SPEED  # moving[t]: between t and t+1
+    onsets = np.nonzero(moving[1:] & ~moving[:-1])[0] + 1
+    return [int(t) for t in onsets if t >= SETTLE_FRAMES]
+
+
+def choose(events: list[tuple[int, str]], lead: int, limit: int, end: int) -> list[tuple[int, str]]:
+    """Events (t, reason) -> keyframes (t - lead, reason) in [4, end) (a keyframe has a full memory
+    of real frames), one per frame, at most ``limit`` evenly spread."""
+    frames: dict[int, str] = {}
+    for t, reason in sorted(events):
+        k = t - lead
+        if MEMORY <= k < end and k not in frames:
+            frames[k] = reason
+    chosen = sorted(frames.items())
+    if len(chosen) > limit:
+        chosen = [chosen[i] for i in np.linspace(0, len(chosen) - 1, limit).round().astype(int)]
+    return chosen
+
+
+def demonstration_keyframes(episode: Any, lead: int, limit: int) -> list[tuple[int, str]]:
+    """Keyframes of a successful episode (frames, actions, state, success) up to its first success; [] if it failed."""
+    if not np.asarray(episode.success).any():
+        return []
+    first_success = int(np.argmax(episode.success))
+    events = [(t, "gripper") for t in gripper_changes(episode.actions)] + [(t, "contact") for t in contacts(episode.state)]
+    return choose(events, lead, limit, end=first_success + 1)
+
+
+def failure_keyframes(actions: np.ndarray, length: int, lead: int, stride: int, limit: int) -> list[tuple[int, str]]:
+    """Keyframes of a failed rollout: every ``stride`` frames and before each gripper change."""
+    events = [(t + lead, "policy_failure") for t in range(stride, length, stride)] + [(t, "policy_failure") for t in gripper_changes(actions)]
+    return choose(events, lead, limit, end=length)
+
+
+def cut(frames: np.ndarray, actions: np.ndarray, k: int) -> dict[str, np.ndarray]:
+    """The keyframe k of an episode with its memory frames, the actions before it and the anchor."""
+    before = np.arange(k - MEMORY, k)
+    memory_actions = np.where((before >= 0)[:, None], actions[np.clip(before, 0, None)], 0.0).astype(np.float32)
+    return {"keyframe": frames[k], "memory": frames[np.clip(before, 0, None)], "anchor": frames[0], "memory_actions": memory_actions}
+
+
+def write_keyframes(out: str | Path, items: Iterable[tuple[dict[str, Any], dict[str, np.ndarray]]], dataset: str, image_size: int, action_dim: int) -> dict[str, Any]:
+    """Write (entry, arrays) pairs as ``out/index.json`` + ``out/keyframes.npz``; returns the index."""
+    out = Path(out)
+    entries, arrays = [], {name: [] for name in ("keyframe", "memory", "anchor", "memory_actions")}
+    for entry, cut_arrays in items:
+        entries.append(entry)
+        for name in arrays:
+            arrays[name].append(cut_arrays[name])
+    if not entries:
+        raise ValueError("no keyframes found: the dataset has no successful episode with a gripper change or contact (and no failed policy rollouts)")
+    stacked = {name: np.stack(values) for name, values in arrays.items()}
+    with atomic_path(out / ARRAYS_FILE) as tmp:
+        with open(tmp, "wb") as handle:
+            np.savez(handle, **stacked)
+    counts: dict[str, int] = {}
+    for entry in entries:
+        counts[entry["reason"]] = counts.get(entry["reason"], 0) + 1
+    index = {"format": FORMAT, "dataset": str(dataset), "image_size": image_size, "memory_frames": MEMORY, "action_dim": action_dim, "counts": counts, "entries": entries}
+    atomic_write_json(out / INDEX_FILE, index)
+    return index
+
+
+def load_keyframes(folder: str | Path) -> dict[str, Any]:
+    """Read a keyframe folder: the index's fields plus the arrays, checked for consistency."""
+    folder = Path(folder)
+    index = read_json(folder / INDEX_FILE)
+    if index.get("format") != FORMAT:
+        raise ValueError(f"{folder / INDEX_FILE} is not a worldloop keyframe index (format {index.get('format')!r}, expected {FORMAT!r})")
+    path = folder / ARRAYS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: the keyframe folder is incomplete")
+    with np.load(path) as data:
+        arrays = {name: data[name] for name in ("keyframe", "memory", "anchor", "memory_actions")}
+    count = len(index["entries"])
+    for name, array in arrays.items():
+        if len(array) != count:
+            raise ValueError(f"{path}: '{name}' holds {len(array)} keyframes but {INDEX_FILE} lists {count}")
+    return index | arrays
+
+
+def dataset_keyframes(dataset: Any, lead: int, limit: int) -> Iterable[tuple[dict[str, Any], dict[str, np.ndarray]]]:
+    """(entry, arrays) of every keyframe of every successful episode of a TrajectoryDataset."""
+    for episode in dataset.episodes():
+        for k, reason in demonstration_keyframes(episode, lead, limit):
+            entry = {"episode": int(episode.index), "frame": k, "reason": reason, "source": "dataset", "instruction": episode.instruction}
+            yield entry, cut(np.asarray(episode.frames), episode.actions, k)
+
+
+def policy_failure_keyframes(
+    policy: Any, env: Any, tasks: list[str], episodes_per_task: int, seeds: list[int], lead: int, stride: int, limit: int, temperature: float = 1.0, greedy: bool = False
+):
+    """Run ``policy`` in the real ``env`` (one env per episode), keep every frame, and yield the
+    keyframes of its failed rollouts."""
+    import torch
+
+    from worldloop.rl.rollout import autocast, policy_device
+
+    task_ids = [task for task in tasks for _ in range(episodes_per_task)]
+    first = env.reset(task_ids, seeds)
+    observation = first.frames
+    frames, actions = [first.frames.cpu()[:, None]], []
+    succeeded = torch.zeros(env.num_envs, dtype=torch.bool)
+    with torch.no_grad():
+        for _ in range(-(-env.max_steps // env.chunk_size)):
+            with autocast(policy_device(policy)):
+                out = policy.act(observation, list(first.instructions), temperature=temperature, greedy=greedy)
+            step = env.step(out.actions.float().to(env.device))
+            observation = step.frames[:, -1]
+            frames.append(step.frames.cpu())
+            actions.append(out.actions.float().cpu())
+            succeeded |= step.success.any(dim=1).cpu()
+            if bool(step.done[:, -1].all()):
+                break
+    video = torch.cat(frames, dim=1).numpy()  # (N, 1 + T*K, H, W, 3): frame t is before action t
+    all_actions = torch.cat(actions, dim=1).numpy()  # (N, T*K, A)
+    lengths = env.elapsed_steps.cpu().numpy()
+    for i in np.nonzero(~succeeded.numpy())[0]:
+        length = int(lengths[i])
+        for k, reason in failure_keyframes(all_actions[i, :length], length, lead, stride, limit):
+            entry = {"episode": int(i), "frame": k, "reason": reason, "source": "policy", "instruction": first.instructions[i]}
+            yield entry, cut(video[i], all_actions[i], k)

@@ -1,0 +1,172 @@
+"""Running a policy in any :class:`~worldloop.envs.protocol.VecEnv`: the rollout buffer of one batch
+of episodes, and the reality check (the same policy, the same initial states, real vs imagined)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from worldloop.envs.protocol import EnvReset, VecEnv
+from worldloop.utils.device import autocast_dtype
+from worldloop.utils.stats import rate_with_stderr
+
+
+@dataclass
+class Rollout:
+    """One batch of N episodes, T chunks each (T = the chunks until every episode had ended)."""
+
+    images: torch.Tensor
+    """(N, T, H, W, 3) uint8: the observation each chunk was chosen from."""
+    instructions: list[str]
+    """N instructions."""
+    tokens: torch.Tensor
+    """(N, T, K, A) int64 sampled action tokens."""
+    log_probs: torch.Tensor
+    """(N, T, K, A) their log-probabilities at the sampling temperature (the 'old' policy)."""
+    rewards: torch.Tensor
+    """(N, T) the environment's chunk rewards."""
+    done: torch.Tensor
+    """(N, T) bool: the episode had ended by the end of chunk t."""
+    terminated: torch.Tensor
+    """(N, T) bool: succeeded, or ended other than by the time limit, by the end of chunk t (no bootstrap past it)."""
+    success: torch.Tensor
+    """(N, T) bool: the success signal fired in chunk t."""
+    elapsed: torch.Tensor
+    """(N,) int64 actions executed per episode."""
+    values: torch.Tensor | None = None
+    """(N, T) value estimates (policies with a value head)."""
+    last_values: torch.Tensor | None = None
+    """(N,) value of the observation after the last chunk."""
+
+    @property
+    def success_once(self) -> torch.Tensor:
+        """(N,) bool: the episode succeeded at some step."""
+        return self.success.any(dim=1)
+
+
+def policy_device(policy: Any) -> torch.device:
+    device = getattr(policy, "device", None)
+    if isinstance(device, torch.device):
+        return device
+    return next(policy.parameters()).device
+
+
+def autocast(device: torch.device):
+    dtype = autocast_dtype(device)
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+def check_compatible(policy: Any, env: VecEnv, where: str = "environment") -> None:
+    """A clear error when the policy cannot act in ``env`` (action dimension, chunk size, resolution)."""
+    for name in ("action_dim", "chunk_size", "image_size"):
+        mine, theirs = int(getattr(policy, name)), int(getattr(env, name))
+        if mine != theirs:
+            raise ValueError(f"the policy has {name}={mine} but the {where} has {name}={theirs}: use a policy trained for this {where}")
+
+
+@torch.no_grad()
+def collect(policy: Any, env: VecEnv, first: EnvReset, temperature: float = 1.0, greedy: bool = False) -> Rollout:
+    """Run every episode of ``env`` (already reset to ``first``) until all have ended or the time
+    limit, the policy sampling at ``temperature`` (or greedy); everything is kept on the policy's device."""
+    device = policy_device(policy)
+    num_chunks = math.ceil(env.max_steps / env.chunk_size)
+    instructions = list(first.instructions)
+    observation = first.frames
+    images, tokens, log_probs, values, rewards, done, truncated, success = ([] for _ in range(8))
+    for _ in range(num_chunks):
+        with autocast(device):
+            out = policy.act(observation, instructions, temperature=temperature, greedy=greedy)
+        step = env.step(out.actions.float().to(env.device))
+        images.append(observation.to(device))
+        tokens.append(out.tokens.to(device))
+        log_probs.append(out.log_probs.float().to(device))
+        if out.values is not None:
+            values.append(out.values.float().to(device))
+        rewards.append(step.reward.float().to(device))
+        done.append(step.done[:, -1].to(device))
+        truncated.append(step.truncated.to(device))
+        success.append(step.success.any(dim=1).to(device))
+        observation = step.frames[:, -1]
+        if bool(step.done[:, -1].all()):
+            break
+    last_values = None
+    if values:
+        with autocast(device):
+            last_values = policy.act(observation, instructions, temperature=temperature).values.float().to(device)
+    done_t, success_t = torch.stack(done, dim=1), torch.stack(success, dim=1)
+    truncated_so_far = torch.stack(truncated, dim=1).cummax(dim=1).values
+    succeeded_so_far = success_t.cummax(dim=1).values
+    return Rollout(
+        images=torch.stack(images, dim=1),
+        instructions=instructions,
+        tokens=torch.stack(tokens, dim=1),
+        log_probs=torch.stack(log_probs, dim=1),
+        rewards=torch.stack(rewards, dim=1),
+        done=done_t,
+        terminated=(done_t & ~truncated_so_far) | succeeded_so_far,
+        success=success_t,
+        elapsed=env.elapsed_steps.to(device),
+        values=torch.stack(values, dim=1) if values else None,
+        last_values=last_values,
+    )
+
+
+def summarize(success_once: torch.Tensor, task_names: Sequence[str]) -> dict[str, Any]:
+    """success_once (N,) with the task of each episode -> overall and per-task rates with standard errors."""
+    outcomes = success_once.bool().tolist()
+    rate, stderr = rate_with_stderr(outcomes)
+    per_task = {}
+    for task in dict.fromkeys(task_names):
+        mine = [o for o, t in zip(outcomes, task_names) if t == task]
+        task_rate, task_stderr = rate_with_stderr(mine)
+        per_task[task] = {"success_once": task_rate, "stderr": task_stderr, "episodes": len(mine)}
+    return {"success_once": rate, "stderr": stderr, "episodes": len(outcomes), "per_task": per_task}
+
+
+class RealityCheck:
+    """Evaluate a policy in the real simulator and, from the very same initial observations, in the
+    imagined environment: real success, imagined success and their gap, side by side.
+
+    ``real_env`` has one environment per evaluation episode (tasks x episodes_per_task, task-major);
+    ``seeds`` (default: 10**6 + 1000 * task position + episode) are the same at every evaluation,
+    so every evaluation sees the same initial states. ``imagined_env`` (optional) must have as many
+    environments and accept ``reset_to``."""
+
+    def __init__(
+        self,
+        real_env: VecEnv,
+        tasks: Sequence[str],
+        episodes_per_task: int,
+        imagined_env: Any | None = None,
+        seeds: Sequence[int] | None = None,
+        temperature: float = 1.0,
+        greedy: bool = False,
+    ):
+        count = len(tasks) * episodes_per_task
+        if real_env.num_envs != count:
+            raise ValueError(f"the real evaluation env has {real_env.num_envs} envs; {len(tasks)} tasks x {episodes_per_task} episodes need {count}")
+        if imagined_env is not None and imagined_env.num_envs != count:
+            raise ValueError(f"the imagined evaluation env has {imagined_env.num_envs} envs; expected {count}")
+        self.real_env, self.imagined_env = real_env, imagined_env
+        self.task_of_episode = [task for task in tasks for _ in range(episodes_per_task)]
+        default = [10**6 + 1000 * t + e for t in range(len(tasks)) for e in range(episodes_per_task)]
+        self.seeds = list(seeds) if seeds is not None else default
+        if len(self.seeds) != count:
+            raise ValueError(f"RealityCheck got {len(self.seeds)} seeds for {count} episodes")
+        self.temperature, self.greedy = temperature, greedy
+
+    def __call__(self, policy: Any) -> dict[str, Any]:
+        first = self.real_env.reset(self.task_of_episode, self.seeds)
+        real = collect(policy, self.real_env, first, self.temperature, self.greedy)
+        result = {"real": summarize(real.success_once, self.task_of_episode)}
+        if self.imagined_env is not None:
+            start = self.imagined_env.reset_to(first.frames, list(first.instructions))
+            imagined = collect(policy, self.imagined_env, start, self.temperature, self.greedy)
+            result["imagined"] = summarize(imagined.success_once, self.task_of_episode)
+            agree = (imagined.success_once == real.success_once).float().mean()
+            result["agreement"] = float(agree)
+        return result

@@ -1,0 +1,258 @@
+"""Masked GRPO (WoVR) and PPO for a VLA policy in any vectorised, chunked environment.
+
+One iteration, top to bottom:
+
+1. collect: G rollouts per initial state (groups share a task and a seed), sampling at the
+   training temperature; the old log-probs are those of the sampled tokens at that temperature;
+2. scores: S = sum of chunk rewards up to and including the first done; loss mask = those chunks;
+3. advantages: GRPO (S - mean_g) / (std_g + 1e-6), groups without signal dropped; or PPO's GAE;
+4. loss: token-level clipped ratio (asymmetric clip), each trajectory's loss divided by its
+   valid length, optional entropy bonus, optional KL to the starting policy, PPO's clipped value loss;
+5. update: several epochs of shuffled minibatches of valid chunks, gradient clipping;
+6. every ``eval_every`` iterations, the reality check: real-simulator success and imagined
+   success from the same initial states; atomic checkpoints that resume exactly.
+
+The environment is anything with the :class:`~worldloop.envs.protocol.VecEnv` protocol: the
+imagined environment (RL in the world model), the real simulator (the GRPO-in-reality baseline)
+or the toy world of the tests.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+from worldloop.envs.protocol import VecEnv
+from worldloop.rl.advantages import explained_variance, gae, grpo_advantages, informative_groups, loss_mask, sample_weights, trajectory_scores
+from worldloop.rl.configuration import RLConfig
+from worldloop.rl.losses import clipped_policy_loss, clipped_value_loss, entropy_bonus, kl_penalty
+from worldloop.rl.rollout import autocast, check_compatible, collect, policy_device
+from worldloop.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from worldloop.utils.io import atomic_write_json, atomic_write_text
+
+
+def train(
+    policy: Any,
+    env: VecEnv,
+    rl: RLConfig,
+    out: str | Path,
+    seed: int = 0,
+    tasks: list[int | str] | None = None,
+    reality_check: Callable[[Any], dict[str, Any]] | None = None,
+    console: bool = True,
+    progress_bar: bool = True,
+) -> dict[str, Any]:
+    """Train ``policy`` (a torch module with the Policy protocol) in ``env`` for ``rl.iterations``
+    iterations, writing TensorBoard logs, checkpoints, ``results.json`` and the final policy folder
+    (``out/policy``) under ``out``. Reruns with the same ``out`` resume from the latest checkpoint.
+    ``console``: one line of metrics per iteration and per evaluation; ``progress_bar``: a tqdm bar."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    check_compatible(policy, env)
+    num_envs, group_size = env.num_envs, rl.group_size
+    if num_envs != rl.num_groups * group_size:
+        raise ValueError(f"the environment has {num_envs} envs; rl.num_groups x rl.group_size = {rl.num_groups} x {group_size} = {rl.num_groups * group_size}")
+    ppo = rl.algorithm == "ppo"
+    tasks = list(tasks) if tasks is not None else list(range(len(getattr(env, "task_names", [0]))))
+    device = policy_device(policy)
+
+    parameters = [p for p in policy.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(parameters, lr=rl.lr, weight_decay=rl.weight_decay)
+    reference = copy.deepcopy(policy).eval().requires_grad_(False) if rl.kl_coef > 0 else None
+
+    start, history, evaluations = 0, [], []
+    checkpoint = latest_checkpoint(out)
+    if checkpoint is not None:
+        modules = {"policy": policy} | ({"reference": reference} if reference is not None else {})
+        start, extra = load_checkpoint(checkpoint, modules, {"optimizer": optimizer})
+        history, evaluations = extra["history"], extra["evaluations"]
+    writer = SummaryWriter(str(out / "tb"), purge_step=start)
+
+    def evaluate(iteration: int) -> None:
+        began = time.perf_counter()
+        policy.eval()
+        result = reality_check(policy) | {"iteration": iteration}
+        evaluations.append(result)
+        writer.add_scalar("eval/success_once", result["real"]["success_once"], iteration)
+        writer.add_scalar("eval/success_once_stderr", result["real"]["stderr"], iteration)
+        for task, numbers in result["real"]["per_task"].items():
+            writer.add_scalar(f"eval/{task}/success_once", numbers["success_once"], iteration)
+        line = f"eval @ {iteration}: real {_rate(result['real'])}"
+        if "imagined" in result:
+            writer.add_scalar("eval/success_once_imagined", result["imagined"]["success_once"], iteration)
+            writer.add_scalar("eval/imagination_gap", result["imagined"]["success_once"] - result["real"]["success_once"], iteration)
+            writer.add_scalar("eval/agreement", result["agreement"], iteration)
+            line += f" | imagined {_rate(result['imagined'])} | agreement {result['agreement']:.2f}"
+        writer.add_scalar("time/eval", time.perf_counter() - began, iteration)
+        if console:
+            tqdm.write(line)
+
+    if reality_check is not None and start == 0:
+        evaluate(0)
+
+    loop_began = time.perf_counter()
+    progress = tqdm(range(start, rl.iterations), initial=start, total=rl.iterations, desc="rl", disable=not (console and progress_bar))
+    for iteration in progress:
+        began = time.perf_counter()
+        metrics: dict[str, float] = {}
+
+        # 1. Collect G rollouts per initial state at the training temperature.
+        policy.eval()
+        task_ids, seeds = group_starts(tasks, rl.num_groups, group_size, iteration, seed)
+        first = env.reset(task_ids, seeds)
+        rollout = collect(policy, env, first, temperature=rl.train_temperature)
+        num_chunks = rollout.rewards.shape[1]
+        if ppo and rollout.values is None:
+            raise ValueError("rl.algorithm=ppo needs a policy with a value head (train or build it with policy.value_head=true)")
+        metrics["time/rollout"] = time.perf_counter() - began
+
+        # 2. Scores over the valid chunks: up to and including the first success (or the end of the episode).
+        mask = loss_mask(rollout.done | rollout.success, rl.mask_after_success)  # (N, T)
+        scores = trajectory_scores(rollout.rewards, mask)  # (N,)
+
+        # 3. Advantages: group-relative (GRPO) or GAE (PPO); groups that all fail or all succeed carry no signal.
+        if ppo:
+            advantages, returns = gae(rollout.rewards, rollout.values, rollout.terminated, rollout.last_values, rl.gamma, rl.gae_lambda)
+            keep = torch.ones(num_envs, dtype=torch.bool, device=device)
+        else:
+            advantages = grpo_advantages(scores, group_size)[:, None].expand(-1, num_chunks)  # (N, T)
+            keep = informative_groups(scores, group_size) if rl.filter_groups else torch.ones(num_envs, dtype=torch.bool, device=device)
+        weights = sample_weights(mask, keep, rl.length_normalise)  # (N, T), sums to 1: each trajectory / its valid length
+
+        # 4-5. Update: epochs of shuffled minibatches over the valid chunks; masked, length-normalised clipped loss.
+        update_began = time.perf_counter()
+        samples = weights.flatten().nonzero().squeeze(1)
+        losses: dict[str, list[float]] = {}
+        policy.train()
+        for _ in range(rl.update_epochs if len(samples) else 0):
+            for batch in samples[torch.randperm(len(samples)).to(device)].chunk(rl.num_minibatches):
+                env_index, chunk_index = batch // num_chunks, batch % num_chunks
+                weight = weights[env_index, chunk_index]
+                weight = weight / weight.sum()
+                images = rollout.images[env_index, chunk_index]
+                instructions = [rollout.instructions[i] for i in env_index.tolist()]
+                tokens = rollout.tokens[env_index, chunk_index]
+                with autocast(device):
+                    new = policy.evaluate(images, instructions, tokens, temperature=rl.train_temperature)
+                policy_loss, stats = clipped_policy_loss(
+                    new.log_probs.float(), rollout.log_probs[env_index, chunk_index], advantages[env_index, chunk_index], weight, rl.clip_low, rl.clip_high
+                )
+                entropy = entropy_bonus(new.entropy.float(), weight)
+                loss = policy_loss - rl.entropy_coef * entropy
+                if ppo:
+                    value_loss = clipped_value_loss(
+                        new.values.float(), rollout.values[env_index, chunk_index], returns[env_index, chunk_index], weight, rl.value_clip
+                    )
+                    loss = loss + rl.value_coef * value_loss
+                    _append(losses, "critic/value_loss", value_loss)
+                if reference is not None:
+                    with torch.no_grad(), autocast(device):
+                        reference_log_probs = reference.evaluate(images, instructions, tokens, temperature=rl.train_temperature).log_probs
+                    kl = kl_penalty(new.log_probs.float(), reference_log_probs.float(), weight)
+                    loss = loss + rl.kl_coef * kl
+                    _append(losses, "actor/kl_loss", kl)
+
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(parameters, rl.max_grad_norm)
+                optimizer.step()
+                for name, value in (
+                    ("actor/policy_loss", policy_loss),
+                    ("actor/approx_kl", stats["approx_kl"]),
+                    ("actor/clip_fraction", stats["clip_fraction"]),
+                    ("actor/entropy", entropy),
+                    ("actor/grad_norm", grad_norm),
+                ):
+                    _append(losses, name, value)
+        metrics["time/update"] = time.perf_counter() - update_began
+
+        # Metrics of this iteration.
+        used_advantages = advantages[keep[:, None] & mask] if ppo else advantages[keep, 0]  # PPO: per chunk; GRPO: per trajectory
+        metrics |= {
+            "env/success_once": rollout.success_once.float().mean().item(),
+            "env/return": scores.mean().item(),
+            "env/episode_len": rollout.elapsed.float().mean().item(),
+            "rollout/kept_groups": keep.float().mean().item(),
+            "rollout/valid_chunks": float(len(samples)),
+            "actor/lr": optimizer.param_groups[0]["lr"],
+        }
+        if hasattr(env, "started_from_keyframe"):  # the imagined env: the share of KIR starts
+            metrics["rollout/keyframe_starts"] = env.started_from_keyframe.float().mean().item()
+        if used_advantages.numel():
+            metrics |= {
+                "rollout/advantages_mean": used_advantages.mean().item(),
+                "rollout/advantages_std": used_advantages.std().item() if used_advantages.numel() > 1 else 0.0,
+                "rollout/advantages_max": used_advantages.max().item(),
+                "rollout/advantages_min": used_advantages.min().item(),
+            }
+        metrics |= {name: sum(values) / len(values) for name, values in losses.items()}
+        if ppo:
+            metrics["critic/explained_variance"] = explained_variance(rollout.values, returns, weights)
+        metrics["time/iteration"] = time.perf_counter() - began
+        for name, value in metrics.items():
+            writer.add_scalar(name, value, iteration + 1)
+        history.append({"iteration": iteration + 1} | metrics)
+        if console:
+            shown = ("env/success_once", "env/return", "env/episode_len", "rollout/kept_groups", "actor/policy_loss", "actor/approx_kl",
+                     "actor/clip_fraction", "actor/entropy", "actor/grad_norm", "critic/value_loss", "time/iteration")  # fmt: skip
+            tqdm.write(f"it {iteration + 1}: " + " ".join(f"{name} {metrics[name]:.4g}" for name in shown if name in metrics))
+
+        # 6. The reality check and atomic checkpoints.
+        done_iterations = iteration + 1
+        out_of_time = rl.time_limit_min > 0 and time.perf_counter() - loop_began > 60 * rl.time_limit_min
+        last = done_iterations == rl.iterations or out_of_time
+        if reality_check is not None and (last or (rl.eval_every and done_iterations % rl.eval_every == 0)):
+            evaluate(done_iterations)
+        if last or done_iterations % rl.checkpoint_every == 0:
+            modules = {"policy": policy} | ({"reference": reference} if reference is not None else {})
+            save_checkpoint(out, done_iterations, modules, {"optimizer": optimizer}, {"history": history, "evaluations": evaluations}, keep=rl.keep_checkpoints)
+        if out_of_time:
+            if console:
+                tqdm.write(f"rl: time limit of {rl.time_limit_min} min reached after {done_iterations} iterations")
+            break
+    writer.close()
+
+    policy.eval()
+    policy.save_pretrained(out / "policy")
+    results = {"iterations": len(history), "algorithm": rl.algorithm, "history": history, "evaluations": evaluations}
+    atomic_write_json(out / "results.json", results)
+    atomic_write_text(out / "results.md", results_table(evaluations))
+    return results
+
+
+def group_starts(tasks: list[int | str], num_groups: int, group_size: int, iteration: int, seed: int) -> tuple[list, list[int]]:
+    """Task and seed of every env: group g of iteration i takes task (i * num_groups + g) mod |tasks|
+    and seed ``seed * 10**6 + i * num_groups + g``; its G members share both (one initial state)."""
+    task_ids, seeds = [], []
+    for g in range(num_groups):
+        index = iteration * num_groups + g
+        task_ids += [tasks[index % len(tasks)]] * group_size
+        seeds += [seed * 1_000_000 + index] * group_size
+    return task_ids, seeds
+
+
+def results_table(evaluations: list[dict[str, Any]]) -> str:
+    """Markdown: real and imagined success (± standard error) at each evaluation."""
+    lines = ["| iteration | real success_once | imagined success_once | agreement |", "|---|---|---|---|"]
+    for result in evaluations:
+        imagined = _rate(result["imagined"]) if "imagined" in result else "-"
+        agreement = f"{result['agreement']:.2f}" if "agreement" in result else "-"
+        lines.append(f"| {result['iteration']} | {_rate(result['real'])} | {imagined} | {agreement} |")
+    return "\n".join(lines) + "\n"
+
+
+def _rate(summary: dict[str, Any]) -> str:
+    return f"{summary['success_once']:.3f} ± {summary['stderr']:.3f} (n={summary['episodes']})"
+
+
+def _append(store: dict[str, list[float]], name: str, value: torch.Tensor | float) -> None:
+    value = float(value.detach() if isinstance(value, torch.Tensor) else value)
+    if math.isfinite(value):
+        store.setdefault(name, []).append(value)

@@ -1,0 +1,126 @@
+"""Open-loop evaluation of a world model on held-out real trajectories.
+
+Every held-out episode starts from its real first frame; the world model then replays the recorded
+actions chunk by chunk with no real frame ever fed back. Generated frame k is compared with real
+frame k. Per horizon h the metrics average frames 1..h over the episodes at least h + 1 frames long,
+next to the copy-last-frame baseline (every prediction = the last real frame the model saw, o_0).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from worldloop.utils.io import atomic_write_json
+from worldloop.worldmodel.metrics import feature_metrics_status, psnr, ssim
+from worldloop.worldmodel.rollout import WorldModel
+
+
+@torch.no_grad()
+def open_loop(model: WorldModel, episodes: Sequence[Any], horizon: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """Roll all ``episodes`` out together for ``horizon`` frames.
+
+    Returns real (N, horizon, H, W, 3), generated (N, horizon, H, W, 3) (frames 1..horizon), a
+    validity mask (N, horizon) (the episode has that frame) and the rollout's new frames per second."""
+    chunk = model.chunk_size
+    chunks = math.ceil(horizon / chunk)
+    length = chunks * chunk
+    first = torch.stack([torch.as_tensor(np.asarray(e.frames[0])) for e in episodes])
+    real, actions, valid = [], [], []
+    for e in episodes:
+        frames, acts = np.asarray(e.frames), np.asarray(e.actions, dtype=np.float32)
+        have = min(len(frames) - 1, length)
+        pad_frames = np.repeat(frames[-1:], length - have, axis=0)
+        real.append(np.concatenate([frames[1 : 1 + have], pad_frames])[:length])
+        acts = acts[:length]
+        actions.append(np.concatenate([acts, np.zeros((length - len(acts), acts.shape[1]), np.float32)]))
+        valid.append(np.arange(length) < have)
+    real_t = torch.as_tensor(np.stack(real))
+    actions_t = torch.as_tensor(np.stack(actions)).to(model.device)
+    model.reset(first.to(model.device), seeds=[seed + i for i in range(len(episodes))])
+    generated = []
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    for c in range(chunks):
+        generated.append(model.step(actions_t[:, c * chunk : (c + 1) * chunk]))
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    fps = len(episodes) * length / max(seconds, 1e-9)
+    return real_t[:, :horizon], torch.cat(generated, dim=1).cpu()[:, :horizon], torch.as_tensor(np.stack(valid))[:, :horizon], fps
+
+
+def horizon_metrics(real: torch.Tensor, generated: torch.Tensor, baseline: torch.Tensor, valid: torch.Tensor, horizons: Sequence[int]) -> dict[str, Any]:
+    """PSNR/SSIM averaged over frames 1..h, per horizon, for the model and copy-last-frame."""
+    model_psnr, model_ssim = psnr(generated, real), ssim(generated, real)  # (N, T)
+    base_psnr, base_ssim = psnr(baseline, real), ssim(baseline, real)
+    results = {}
+    for h in horizons:
+        episodes = valid[:, h - 1]  # episodes that have frame h
+        if not episodes.any():
+            continue
+        mask = valid[episodes, :h].float()
+
+        def mean(values: torch.Tensor) -> float:
+            return float((values[episodes, :h] * mask).sum() / mask.sum())
+
+        results[str(h)] = {
+            "episodes": int(episodes.sum()),
+            "psnr": mean(model_psnr), "copy_last_frame_psnr": mean(base_psnr),
+            "ssim": mean(model_ssim), "copy_last_frame_ssim": mean(base_ssim),
+            "psnr_at_h": float(model_psnr[episodes, h - 1].mean()), "copy_last_frame_psnr_at_h": float(base_psnr[episodes, h - 1].mean()),
+        }  # fmt: skip
+    return results
+
+
+def strip(real: torch.Tensor, generated: torch.Tensor, every: int = 8) -> np.ndarray:
+    """One PNG-able image: every ``every``-th frame, real on top, generated below."""
+    picks = list(range(every - 1, real.shape[0], every)) or [real.shape[0] - 1]
+    top = torch.cat([real[i] for i in picks], dim=1)
+    bottom = torch.cat([generated[i] for i in picks], dim=1)
+    return torch.cat([top, bottom], dim=0).numpy()
+
+
+def evaluate_world_model(model: WorldModel, episodes: Sequence[Any], horizons: Sequence[int], out: str | Path, fps: int = 20, videos: int = 4, seed: int = 0) -> dict[str, Any]:
+    """Open-loop metrics for every horizon the data allows; writes OUT/metrics.json, mp4s and PNG strips."""
+    from PIL import Image
+
+    from worldloop.data.video import write_mp4
+    from worldloop.utils.draw import side_by_side
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not episodes:
+        raise ValueError("eval-wm: no held-out episodes to evaluate on")
+    longest = max(len(e.frames) - 1 for e in episodes)
+    usable = sorted(h for h in horizons if h <= longest)
+    skipped = sorted(h for h in horizons if h > longest)
+    if not usable:
+        raise ValueError(f"eval-wm: every horizon {list(horizons)} is longer than the longest held-out episode ({longest} frames after the first)")
+    real, generated, valid, rollout_fps = open_loop(model, episodes, max(usable), seed)
+    first = torch.stack([torch.as_tensor(np.asarray(e.frames[0])) for e in episodes])
+    baseline = first[:, None].expand_as(real)
+    metrics: dict[str, Any] = {
+        "horizons": horizon_metrics(real, generated, baseline, valid, usable),
+        "skipped_horizons": skipped,
+        **feature_metrics_status(),
+        "rollout_frames_per_second": rollout_fps,
+        "num_envs": len(episodes),
+        "device": str(model.device),
+        "sampling": {"steps": model.sampling_steps, "shift": model.shift, "decode": model.decode_mode},
+        "model": {k: model.spec[k] for k in ("size", "image_size", "memory_frames", "reference_frame")},
+    }
+    for i in range(min(videos, len(episodes))):
+        n = int(valid[i].sum())
+        if n == 0:
+            continue
+        write_mp4(out / f"episode_{i:02d}_real_vs_generated.mp4", side_by_side(real[i, :n], generated[i, :n]), fps=fps)
+        Image.fromarray(strip(real[i, :n], generated[i, :n])).save(out / f"episode_{i:02d}_strip.png")
+    atomic_write_json(out / "metrics.json", metrics)
+    return metrics

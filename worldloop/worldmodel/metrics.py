@@ -1,0 +1,59 @@
+"""Frame-quality metrics on uint8 video: PSNR and SSIM, per frame, in torch (CPU or GPU).
+
+LPIPS, FID and FVD need pretrained feature networks; worldloop downloads nothing, so they are
+reported as "unavailable" unless their weights are found locally (see :func:`feature_metrics_status`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+UNAVAILABLE = "unavailable (feature-network weights not found locally)"
+
+
+def _as_float(frames: torch.Tensor) -> torch.Tensor:
+    """(..., H, W, 3) uint8 -> (M, 3, H, W) float in [0, 1]."""
+    if frames.dtype != torch.uint8 or frames.shape[-1] != 3:
+        raise ValueError(f"expected uint8 frames (..., H, W, 3), got {frames.dtype} {tuple(frames.shape)}")
+    return frames.reshape(-1, *frames.shape[-3:]).permute(0, 3, 1, 2).float() / 255.0
+
+
+def psnr(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Peak signal-to-noise ratio (dB) per frame of uint8 (..., H, W, 3) frames; shape (...)."""
+    if pred.shape != target.shape:
+        raise ValueError(f"psnr: shapes differ: {tuple(pred.shape)} vs {tuple(target.shape)}")
+    mse = (_as_float(pred) - _as_float(target)).pow(2).mean(dim=(1, 2, 3)).clamp_min(1e-10)
+    return (-10.0 * torch.log10(mse)).reshape(pred.shape[:-3])
+
+
+def _gaussian_window(size: int, sigma: float, device: torch.device) -> torch.Tensor:
+    coords = torch.arange(size, dtype=torch.float32, device=device) - (size - 1) / 2
+    g = torch.exp(-(coords**2) / (2 * sigma**2))
+    g = g / g.sum()
+    return (g[:, None] * g[None, :]).expand(3, 1, size, size).contiguous()
+
+
+def ssim(pred: torch.Tensor, target: torch.Tensor, window: int = 11, sigma: float = 1.5) -> torch.Tensor:
+    """Structural similarity (Wang et al. 2004, Gaussian 11x11 window, per channel, averaged) per frame."""
+    if pred.shape != target.shape:
+        raise ValueError(f"ssim: shapes differ: {tuple(pred.shape)} vs {tuple(target.shape)}")
+    x, y = _as_float(pred), _as_float(target)
+    size = min(window, x.shape[-1], x.shape[-2])
+    kernel = _gaussian_window(size, sigma, x.device)
+    c1, c2 = 0.01**2, 0.03**2
+
+    def blur(v: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(v, kernel, groups=3)
+
+    mu_x, mu_y = blur(x), blur(y)
+    var_x = blur(x * x) - mu_x**2
+    var_y = blur(y * y) - mu_y**2
+    cov = blur(x * y) - mu_x * mu_y
+    value = ((2 * mu_x * mu_y + c1) * (2 * cov + c2)) / ((mu_x**2 + mu_y**2 + c1) * (var_x + var_y + c2))
+    return value.mean(dim=(1, 2, 3)).reshape(pred.shape[:-3])
+
+
+def feature_metrics_status() -> dict[str, str]:
+    """LPIPS / FID / FVD: their networks' weights are not shipped with any installed package."""
+    return {"lpips": UNAVAILABLE, "fid": UNAVAILABLE, "fvd": UNAVAILABLE}

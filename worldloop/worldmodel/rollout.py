@@ -1,0 +1,248 @@
+"""The world model as a batched simulator: ``reset(first_frames, memory_frames)``, ``step(actions)``.
+
+State per environment lives on the device, in latent space: the context ``[reference, memory]``
+(2 latent frames), the 4 actions that produced the memory frames, one noise generator, and the
+causal decoder cache. One ``step`` runs the 5-step flow-matching Euler sampler for every
+environment in one batched DiT forward per step, decodes only the 8 new frames, and makes the
+last generated latent the next memory (no decode / re-encode of the context).
+
+A model folder holds ``config.json`` (kind ``world_model``: sizes, image size, action
+normalisation), ``model.safetensors`` (the DiT's EMA weights) and ``vae/`` (diffusers format).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from safetensors.torch import save_file
+
+from worldloop.utils.device import autocast_dtype, resolve_device
+from worldloop.utils.io import atomic_dir, atomic_path, atomic_write_json
+from worldloop.utils.pretrained import load_weights, read_model_config
+from worldloop.worldmodel import vae as vae_lib
+from worldloop.worldmodel.configuration import WorldModelConfig
+from worldloop.worldmodel.modeling import ActionConditionedDiT
+
+KIND = "world_model"
+MEMORY = 4
+
+
+def shift_sigmas(sigmas: torch.Tensor, shift: float) -> torch.Tensor:
+    """Flow-matching time shift (SD3 / Wan): more of the steps at high noise for shift > 1."""
+    return shift * sigmas / (1 + (shift - 1) * sigmas)
+
+
+def sampler_sigmas(steps: int, shift: float) -> torch.Tensor:
+    """The noise levels of diffusers' FlowMatchEulerDiscreteScheduler: steps + 1 values from 1 down to 0."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=shift)
+    scheduler.set_timesteps(steps)
+    return scheduler.sigmas.float().cpu()
+
+
+def autocast(device: torch.device):
+    dtype = autocast_dtype(device)
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+@torch.no_grad()
+def sample_future(dit: ActionConditionedDiT, context: torch.Tensor, actions: torch.Tensor, noise: torch.Tensor, sigmas: torch.Tensor) -> torch.Tensor:
+    """Euler integration of the velocity field from ``noise`` (sigma 1) to clean future latents.
+
+    context (N, C, 2, h, w) stays clean (sigma 0) and is re-imposed at every step; actions (N, 13, A)
+    normalised; noise (N, C, k, h, w); sigmas (steps + 1,) decreasing to 0."""
+    latents = noise
+    batch, frames = noise.shape[0], context.shape[2] + noise.shape[2]
+    for sigma, sigma_next in zip(sigmas[:-1].tolist(), sigmas[1:].tolist()):
+        per_frame = torch.zeros(batch, frames, device=noise.device)
+        per_frame[:, context.shape[2] :] = sigma
+        with autocast(noise.device):
+            velocity = dit(torch.cat([context, latents], dim=2), per_frame, actions)
+        latents = latents + (sigma_next - sigma) * velocity[:, :, context.shape[2] :].float()
+    return latents
+
+
+class WorldModel:
+    """An action-conditioned video world model over N environments at once."""
+
+    def __init__(self, dit: ActionConditionedDiT, vae, spec: dict[str, Any], device: str | torch.device = "auto"):
+        self.device = resolve_device(device) if isinstance(device, str) else device
+        self.dit = dit.to(self.device).eval()
+        self.vae = vae.to(self.device).eval()
+        self.spec = dict(spec)
+        self.image_size = int(spec["image_size"])
+        self.chunk_size = int(spec["chunk_size"])
+        self.action_dim = int(spec["action_dim"])
+        self.memory_frames = int(spec["memory_frames"])
+        self.reference_frame = bool(spec["reference_frame"])
+        self.action_mean = torch.tensor(spec["action_mean"], dtype=torch.float32, device=self.device)
+        self.action_std = torch.tensor(spec["action_std"], dtype=torch.float32, device=self.device)
+        self.set_sampling(spec.get("sampling_steps", 5), spec.get("shift", 5.0), spec.get("decode", "cached"))
+        self.decoder = vae_lib.StreamingDecoder(self.vae)
+        self.context: torch.Tensor | None = None  # (N, C, 2, h, w)
+        self.context_actions: torch.Tensor | None = None  # (N, 5, A) raw
+        self.generators: list[torch.Generator] = []
+
+    # ------------------------------------------------------------------------------------ folders
+
+    @classmethod
+    def build(cls, config: WorldModelConfig, vae, image_size: int, action_dim: int, action_mean=None, action_std=None, device="auto") -> "WorldModel":
+        """A new (randomly initialised) world model for frames of ``image_size`` and ``action_dim`` actions."""
+        factor = vae_lib.spatial_factor(vae)
+        if image_size % (2 * factor):
+            raise ValueError(f"image_size {image_size} must be a multiple of {2 * factor} (VAE {factor}x, DiT patch 2)")
+        dit = ActionConditionedDiT(config.size, int(vae.config.z_dim), action_dim, config.chunk_size)
+        spec = dict(
+            kind=KIND, size=config.size, image_size=image_size, action_dim=action_dim, chunk_size=config.chunk_size,
+            latent_channels=int(vae.config.z_dim), memory_frames=config.memory_frames, reference_frame=config.reference_frame,
+            action_mean=list(action_mean) if action_mean is not None else [0.0] * action_dim,
+            action_std=list(action_std) if action_std is not None else [1.0] * action_dim,
+            sampling_steps=config.sampling_steps, shift=config.shift, decode=config.decode,
+        )  # fmt: skip
+        return cls(dit, vae, spec, device)
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, device: str | torch.device = "auto", **sampling: Any) -> "WorldModel":
+        """Load a folder written by :meth:`save_pretrained`; ``sampling`` may override
+        ``sampling_steps``, ``shift`` and ``decode``."""
+        folder = Path(folder)
+        spec = read_model_config(folder, kind=KIND)
+        vae = vae_lib.load_vae(folder / "vae")
+        if int(vae.config.z_dim) != int(spec["latent_channels"]):
+            raise ValueError(f"{folder}/vae has {vae.config.z_dim} latent channels, the DiT expects {spec['latent_channels']}")
+        dit = ActionConditionedDiT(spec["size"], int(spec["latent_channels"]), int(spec["action_dim"]), int(spec["chunk_size"]))
+        load_weights(folder, dit)
+        spec.update({k: v for k, v in sampling.items() if v is not None})
+        return cls(dit, vae, spec, device).for_inference()
+
+    def for_inference(self) -> "WorldModel":
+        """bf16 DiT weights on GPU (the sampler keeps latents in fp32); unchanged on CPU. The VAE keeps
+        fp32 weights under bf16 autocast: with bf16 weights its residual stream loses ~8 dB PSNR."""
+        if self.device.type == "cuda":
+            self.dit.to(torch.bfloat16)
+        return self
+
+    def save_pretrained(self, folder: str | Path, dit: ActionConditionedDiT | None = None) -> Path:
+        """Write config.json, model.safetensors (``dit`` or this model's DiT) and vae/ into ``folder``,
+        each atomically (the folder may also hold a training run's checkpoints and logs)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        module = dit if dit is not None else self.dit
+        with atomic_dir(folder / "vae") as tmp:
+            self.vae.save_pretrained(str(tmp), safe_serialization=True)
+        with atomic_path(folder / "model.safetensors") as tmp:
+            save_file({k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}, str(tmp))
+        atomic_write_json(folder / "config.json", self.spec)
+        return folder
+
+    def set_sampling(self, steps: int, shift: float, decode: str) -> None:
+        if decode not in ("cached", "full"):
+            raise ValueError(f"decode must be 'cached' or 'full', got {decode!r}")
+        self.sampling_steps, self.shift, self.decode_mode = int(steps), float(shift), decode
+        self.sigmas = sampler_sigmas(self.sampling_steps, self.shift)
+        self.spec.update(sampling_steps=self.sampling_steps, shift=self.shift, decode=decode)
+
+    # ------------------------------------------------------------------------------------ rollout
+
+    def _check_frames(self, frames: torch.Tensor, what: str, leading: tuple[int, ...]) -> torch.Tensor:
+        frames = torch.as_tensor(frames)
+        expected = (*leading, self.image_size, self.image_size, 3)
+        if frames.dtype != torch.uint8 or tuple(frames.shape) != expected:
+            raise ValueError(f"{what} must be uint8 {expected} (this world model works at {self.image_size}x{self.image_size}), got {frames.dtype} {tuple(frames.shape)}")
+        return frames.to(self.device)
+
+    def normalise(self, actions: torch.Tensor) -> torch.Tensor:
+        return (actions - self.action_mean) / self.action_std
+
+    @torch.no_grad()
+    def encode_context(self, sequence: torch.Tensor, first_frames: torch.Tensor | None) -> torch.Tensor:
+        """(N, 5, H, W, 3) frames [pre, m1..m4] (+ the reference frames) -> context latents (N, C, 2, h, w)."""
+        with autocast(self.device):
+            latents = vae_lib.encode(self.vae, sequence)  # (N, C, 2, h, w)
+            if first_frames is not None:
+                reference = vae_lib.encode(self.vae, first_frames[:, None])
+                latents = torch.cat([reference, latents[:, :, 1:]], dim=2)
+        return latents.float()
+
+    @torch.no_grad()
+    def reset(
+        self,
+        first_frames: torch.Tensor,
+        memory_frames: torch.Tensor | None = None,
+        seeds: Sequence[int] | None = None,
+        memory_actions: torch.Tensor | None = None,
+    ) -> None:
+        """Start N rollouts. first_frames (N, H, W, 3) uint8: the episodes' first frames (the fixed
+        reference). memory_frames (N, 4, H, W, 3) uint8: the last 4 frames, the newest last (default:
+        the first frame repeated). seeds: one noise seed per environment (default 0..N-1).
+        memory_actions (N, 4, A): the actions that produced the memory frames (default zero)."""
+        first = self._check_frames(first_frames, "first_frames", (len(first_frames),))
+        num_envs = first.shape[0]
+        memory = first[:, None].expand(-1, MEMORY, -1, -1, -1) if memory_frames is None else self._check_frames(memory_frames, "memory_frames", (num_envs, MEMORY))
+        if self.memory_frames == 1:
+            memory = memory[:, -1:].expand(-1, MEMORY, -1, -1, -1)
+        sequence = torch.cat([memory[:, :1], memory], dim=1)  # [pre, m1..m4]
+        self.context = self.encode_context(sequence, first if self.reference_frame else None)
+        self.context_actions = torch.zeros(num_envs, 5, self.action_dim, device=self.device)
+        if memory_actions is not None:
+            memory_actions = torch.as_tensor(memory_actions, dtype=torch.float32, device=self.device)
+            if tuple(memory_actions.shape) != (num_envs, MEMORY, self.action_dim):
+                raise ValueError(f"memory_actions must be ({num_envs}, {MEMORY}, {self.action_dim}), got {tuple(memory_actions.shape)}")
+            if self.memory_frames == MEMORY:
+                self.context_actions[:, 1:] = memory_actions
+        seeds = list(range(num_envs)) if seeds is None else list(seeds)
+        if len(seeds) != num_envs:
+            raise ValueError(f"reset got {num_envs} environments but {len(seeds)} seeds")
+        self.generators = [torch.Generator(device=self.device).manual_seed(int(s)) for s in seeds]
+        self.decoder.reset()
+        if self.decode_mode == "cached":
+            with autocast(self.device):
+                self.decoder(self.context)  # prime the causal cache with the context; frames unused
+
+    @torch.no_grad()
+    def step(self, action_chunks: torch.Tensor) -> torch.Tensor:
+        """action_chunks (N, 8, A) in raw units -> the next 8 frames (N, 8, H, W, 3) uint8 on the device."""
+        if self.context is None:
+            raise RuntimeError("call reset() before step()")
+        num_envs = self.context.shape[0]
+        actions = torch.as_tensor(action_chunks, dtype=torch.float32, device=self.device)
+        if tuple(actions.shape) != (num_envs, self.chunk_size, self.action_dim):
+            raise ValueError(f"action_chunks must be ({num_envs}, {self.chunk_size}, {self.action_dim}), got {tuple(actions.shape)}")
+        all_actions = self.normalise(torch.cat([self.context_actions, actions], dim=1))  # (N, 13, A)
+        channels, _, height, width = self.context.shape[1:]
+        shape = (channels, self.chunk_size // vae_lib.TEMPORAL_FACTOR, height, width)
+        noise = torch.stack([torch.randn(shape, generator=g, device=self.device) for g in self.generators])
+        new = sample_future(self.dit, self.context, all_actions, noise, self.sigmas)  # (N, C, 2, h, w)
+        with autocast(self.device):
+            if self.decode_mode == "cached":
+                frames = self.decoder(new)
+            else:
+                frames = vae_lib.decode(self.vae, torch.cat([self.context, new], dim=2))[:, -self.chunk_size :]
+        self._advance(new, frames, actions)
+        return frames
+
+    def _advance(self, new: torch.Tensor, frames: torch.Tensor, actions: torch.Tensor) -> None:
+        """The next context: the last generated latent as memory (ablations re-encode frames instead)."""
+        self.context_actions = torch.zeros_like(self.context_actions)
+        if self.memory_frames == MEMORY:
+            self.context_actions[:, 1:] = actions[:, -MEMORY:]
+        if self.reference_frame and self.memory_frames == MEMORY:
+            self.context = torch.cat([self.context[:, :, :1], new[:, :, -1:]], dim=2)
+            return
+        if self.memory_frames == MEMORY:
+            sequence = frames[:, -5:]  # [pre, m1..m4] straight from the new frames
+        else:
+            sequence = frames[:, -1:].expand(-1, 5, -1, -1, -1)
+        latents = self.encode_context(sequence, None)
+        self.context = torch.cat([self.context[:, :, :1], latents[:, :, 1:]], dim=2) if self.reference_frame else latents
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep only environments ``index`` (drops finished ones without a reset)."""
+        index = torch.as_tensor(index, device=self.device)
+        self.context, self.context_actions = self.context[index], self.context_actions[index]
+        self.generators = [self.generators[i] for i in index.tolist()]
+        self.decoder.select(index)

@@ -1,0 +1,385 @@
+"""Training the VAE and the world model, top to bottom.
+
+``train_vae``: random clips of dataset frames -> AutoencoderKLWan, L1 + L2 reconstruction + KL
+(+ VGG feature matching when local weights are given); then per-channel latent statistics and
+held-out PSNR/SSIM.
+
+``train_world_model``: every clip of every training episode is encoded once (cached on disk next to
+the run), then rectified flow: ``x_sigma = (1 - sigma) x0 + sigma eps``, the DiT predicts the
+velocity ``eps - x0`` of the 2 future latents given the clean (or lightly noised, context-noise
+augmentation) context latents and the 13 actions. EMA weights are what gets saved.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Iterable, Protocol, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from worldloop.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from worldloop.utils.io import atomic_path, atomic_write_json, read_json
+from worldloop.worldmodel import vae as vae_lib
+from worldloop.worldmodel.clips import episode_clips
+from worldloop.worldmodel.configuration import VAEConfig, WorldModelConfig
+from worldloop.worldmodel.metrics import psnr, ssim
+from worldloop.worldmodel.rollout import WorldModel, autocast, sample_future, sampler_sigmas, shift_sigmas
+
+
+class EpisodeLike(Protocol):
+    frames: Any  # (T, H, W, 3) uint8
+    actions: Any  # (T, A) float32
+
+
+def load_split(dataset_dir: str | Path, held_out_fraction: float, seed: int) -> tuple[list, list, Any]:
+    """(train episodes, held-out episodes, dataset) of a LeRobot dataset folder, split per task."""
+    from worldloop.data.dataset import TrajectoryDataset, split_episodes
+
+    dataset = TrajectoryDataset(dataset_dir)
+    train_idx, held_idx = split_episodes(dataset, held_out_fraction=held_out_fraction, seed=seed)
+    return list(dataset.episodes(train_idx)), list(dataset.episodes(held_idx)), dataset
+
+
+def _frames(episode: EpisodeLike) -> torch.Tensor:
+    return torch.as_tensor(np.asarray(episode.frames))
+
+
+def _actions(episode: EpisodeLike) -> np.ndarray:
+    return np.asarray(episode.actions, dtype=np.float32)
+
+
+def warmup_cosine(step: int, total: int) -> float:
+    warmup = max(1, total // 20)
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _progress(iterable: Iterable, **kwargs: Any):
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, **kwargs)
+
+
+# ============================================================================================ VAE
+
+
+def _random_clips(episodes: Sequence[EpisodeLike], count: int, length: int, generator: torch.Generator) -> torch.Tensor:
+    """``count`` clips of ``length`` consecutive frames (B, length, H, W, 3) uint8, episodes chosen at random."""
+    clips = []
+    for _ in range(count):
+        episode = episodes[int(torch.randint(len(episodes), (1,), generator=generator))]
+        frames = _frames(episode)
+        if len(frames) < length:  # short episode: hold its last frame
+            frames = torch.cat([frames, frames[-1:].expand(length - len(frames), -1, -1, -1)])
+        start = int(torch.randint(len(frames) - length + 1, (1,), generator=generator))
+        clips.append(frames[start : start + length])
+    return torch.stack(clips)
+
+
+class VGGFeatures(torch.nn.Module):
+    """VGG16 features up to relu3_3 from a local torchvision state_dict (perceptual loss)."""
+
+    def __init__(self, weights: str | Path):
+        super().__init__()
+        import torchvision
+
+        path = Path(weights)
+        if not path.is_file():
+            raise FileNotFoundError(f"vae.perceptual_weights: {path} does not exist (nothing is downloaded)")
+        model = torchvision.models.vgg16(weights=None)
+        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        self.features = model.features[:16].eval().requires_grad_(False)
+        self.register_buffer("mean", torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1))
+        self.register_buffer("std", torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:  # (M, 3, H, W) in [-1, 1]
+        return self.features(((images + 1) / 2 - self.mean) / self.std)
+
+
+def reconstruction_metrics(vae, episodes: Sequence[EpisodeLike], device: torch.device, clips: int = 64, length: int = 9, seed: int = 0) -> dict[str, float]:
+    """Mean PSNR / SSIM of VAE reconstructions of held-out clips."""
+    generator = torch.Generator().manual_seed(seed)
+    real = _random_clips(episodes, clips, length, generator).to(device)
+    values_psnr, values_ssim = [], []
+    with torch.no_grad():
+        for batch in real.split(16):
+            with autocast(device):
+                recon = vae_lib.decode(vae, vae_lib.encode(vae, batch))
+            values_psnr.append(psnr(recon, batch).flatten())
+            values_ssim.append(ssim(recon, batch).flatten())
+    return {"psnr": float(torch.cat(values_psnr).mean()), "ssim": float(torch.cat(values_ssim).mean()), "clips": clips, "frames_per_clip": length}
+
+
+def latent_statistics(vae, episodes: Sequence[EpisodeLike], device: torch.device, clips: int = 128, length: int = 9) -> tuple[list[float], list[float]]:
+    """Per-channel mean and std of raw (unnormalised) latents of training clips."""
+    generator = torch.Generator().manual_seed(1)
+    real = _random_clips(episodes, clips, length, generator).to(device)
+    raws = []
+    with torch.no_grad(), autocast(device):
+        for batch in real.split(16):
+            pixels = vae_lib.frames_to_pixels(batch)
+            raws.append(vae.encode(pixels).latent_dist.mode().float())
+    raw = torch.cat(raws).transpose(0, 1).flatten(1)  # (C, everything)
+    return raw.mean(1).tolist(), raw.std(1).clamp_min(1e-4).tolist()
+
+
+def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out: Sequence[EpisodeLike], out: str | Path, device: torch.device, seed: int = 0) -> dict[str, Any]:
+    """Train an AutoencoderKLWan from scratch (or load ``config.pretrained``), save it to ``out``
+    in diffusers format with its latent statistics, and write ``out/metrics.json``."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not train_episodes:
+        raise ValueError("train-vae: the dataset has no training episodes")
+    if config.pretrained:
+        vae = vae_lib.load_vae(config.pretrained).to(device)
+        steps_done, losses = 0, []
+    else:
+        torch.manual_seed(seed)
+        vae = vae_lib.build_vae(config).to(device)
+        image_size = int(_frames(train_episodes[0]).shape[1])
+        factor = vae_lib.spatial_factor(vae)
+        if image_size % factor:
+            raise ValueError(f"frames of {image_size}x{image_size} are not divisible by the VAE's {factor}x spatial compression")
+        perceptual = VGGFeatures(config.perceptual_weights).to(device) if config.perceptual_weights and config.perceptual_weight > 0 else None
+        optimizer = torch.optim.AdamW(vae.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.99))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, config.steps))
+        generator = torch.Generator().manual_seed(seed)
+        step = 0
+        checkpoint = latest_checkpoint(out)
+        if checkpoint is not None:
+            step, _ = load_checkpoint(checkpoint, {"vae": vae}, {"optimizer": optimizer, "scheduler": scheduler, "generator": generator})
+        writer = SummaryWriter(str(out / "tb"))
+        losses = []
+        vae.train()
+        started, done = time.time(), step
+        bar = _progress(range(step, config.steps), initial=step, total=config.steps, desc="train-vae")
+        for step in bar:
+            frames = _random_clips(train_episodes, config.batch_size, config.clip_frames, generator).to(device)
+            pixels = vae_lib.frames_to_pixels(frames)
+            with autocast(device):
+                posterior = vae.encode(pixels).latent_dist
+                recon = vae.decode(posterior.sample()).sample
+            recon = recon.float()
+            l1 = (recon - pixels).abs().mean()
+            l2 = (recon - pixels).pow(2).mean()
+            kl = 0.5 * (posterior.mean.float().pow(2) + posterior.var.float() - 1.0 - posterior.logvar.float()).mean()
+            loss = l1 + l2 + config.kl_weight * kl
+            if perceptual is not None:
+                flat = lambda x: x.transpose(1, 2).flatten(0, 1)  # noqa: E731  (B, 3, T, H, W) -> (B*T, 3, H, W)
+                with autocast(device):
+                    loss = loss + config.perceptual_weight * F.mse_loss(perceptual(flat(recon)).float(), perceptual(flat(pixels)).float())
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            losses.append(float(loss.detach()))
+            done = step + 1
+            if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
+                writer.add_scalar("vae/loss", float(loss), step + 1)
+                writer.add_scalar("vae/l1", float(l1), step + 1)
+                writer.add_scalar("vae/kl", float(kl), step + 1)
+                bar.set_postfix(loss=f"{float(loss):.4f}")
+            if (step + 1) % config.checkpoint_every == 0 and step + 1 < config.steps:
+                save_checkpoint(out, step + 1, {"vae": vae}, {"optimizer": optimizer, "scheduler": scheduler, "generator": generator})
+            if config.time_limit_s and time.time() - started > config.time_limit_s:
+                break
+        steps_done = done
+        save_checkpoint(out, steps_done, {"vae": vae}, {"optimizer": optimizer, "scheduler": scheduler, "generator": generator})
+        writer.close()
+        vae.eval()
+        mean, std = latent_statistics(vae, train_episodes, device)
+        vae.register_to_config(latents_mean=mean, latents_std=std)
+    vae.eval()
+    metrics = {
+        "held_out": reconstruction_metrics(vae, held_out or train_episodes, device),
+        "held_out_is_train": not held_out,
+        "steps": steps_done,
+        "final_loss": losses[-1] if losses else None,
+        "parameters_millions": sum(p.numel() for p in vae.parameters()) / 1e6,
+        "spatial_compression": vae_lib.spatial_factor(vae),
+        "latent_channels": int(vae.config.z_dim),
+    }
+    vae.save_pretrained(str(out), safe_serialization=True)
+    atomic_write_json(out / "metrics.json", metrics)
+    return metrics
+
+
+# ==================================================================================== world model
+
+
+@torch.no_grad()
+def encode_clips(vae, episodes: Sequence[EpisodeLike], config: WorldModelConfig, device: torch.device, seed: int = 0, batch: int = 32) -> dict[str, torch.Tensor]:
+    """Every training clip as latents ``(M, C, 4, h, w)`` [slot 0, memory, future, future] with its
+    13 raw actions ``(M, 13, A)`` (see :mod:`worldloop.worldmodel.clips`)."""
+    rng = np.random.default_rng(seed)
+    latents, actions = [], []
+    for episode in _progress(episodes, desc="encode clips", leave=False):
+        frames = _frames(episode)
+        specs = episode_clips(_actions(episode), config.chunk_size, config.memory_frames, config.clip_stride, config.static_fraction, rng)
+        if not specs:
+            continue
+        with autocast(device):
+            reference = vae_lib.encode(vae, frames[:1][None].to(device))  # (1, C, 1, h, w)
+            for start in range(0, len(specs), batch):
+                group = specs[start : start + batch]
+                index = torch.as_tensor(np.stack([s.frame_indices for s in group]))
+                clip_latents = vae_lib.encode(vae, frames[index].to(device))  # (b, C, 4, h, w)
+                if config.reference_frame:
+                    clip_latents[:, :, :1] = reference
+                latents.append(clip_latents.float().cpu())
+        actions.append(torch.as_tensor(np.stack([s.actions for s in specs])))
+    if not latents:
+        raise ValueError(f"no episode is long enough for a clip of {5 + config.chunk_size} frames")
+    return {"latents": torch.cat(latents), "actions": torch.cat(actions)}
+
+
+def cached_clips(vae, episodes: Sequence[EpisodeLike], config: WorldModelConfig, device: torch.device, cache_dir: Path, key: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
+    """:func:`encode_clips`, stored once in ``cache_dir/latents.safetensors`` and reused while ``key`` matches."""
+    from safetensors.torch import load_file, save_file
+
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    file, meta = cache_dir / "latents.safetensors", cache_dir / "latents.json"
+    if file.is_file() and meta.is_file() and read_json(meta).get("digest") == digest:
+        return load_file(file)
+    clips = encode_clips(vae, episodes, config, device, seed)
+    with atomic_path(file) as tmp:
+        save_file({k: v.contiguous() for k, v in clips.items()}, str(tmp))
+    atomic_write_json(meta, {"digest": digest, "key": key, "clips": len(clips["latents"])})
+    return clips
+
+
+def train_world_model(
+    config: WorldModelConfig,
+    train_episodes: Sequence[EpisodeLike],
+    vae,
+    out: str | Path,
+    device: torch.device,
+    seed: int = 0,
+    cache_key: dict[str, Any] | None = None,
+) -> WorldModel:
+    """Train the action-conditioned DiT on ``train_episodes``; the EMA model is saved to ``out``
+    (config.json, model.safetensors, vae/) and returned."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not train_episodes:
+        raise ValueError("train-wm: no training episodes")
+    vae = vae.to(device).eval().requires_grad_(False)
+    image_size = int(_frames(train_episodes[0]).shape[1])
+    all_actions = np.concatenate([_actions(e) for e in train_episodes])
+    action_dim = all_actions.shape[1]
+    action_mean, action_std = all_actions.mean(0), np.maximum(all_actions.std(0), 1e-3)
+
+    key = dict(cache_key or {}, image_size=image_size, episodes=len(train_episodes), chunk=config.chunk_size, memory=config.memory_frames,
+               reference=config.reference_frame, stride=config.clip_stride, static=config.static_fraction, seed=seed,
+               vae_mean=list(vae.config.latents_mean)[:4])  # fmt: skip
+    clips = cached_clips(vae, train_episodes, config, device, out, key, seed)
+    latents_all, actions_all = clips["latents"].to(device), clips["actions"].to(device)
+
+    torch.manual_seed(seed)
+    model = WorldModel.build(config, vae, image_size, action_dim, action_mean.tolist(), action_std.tolist(), device)
+    dit = model.dit.train()
+    if config.gradient_checkpointing and device.type == "cuda":
+        dit.transformer.enable_gradient_checkpointing()
+    ema = copy.deepcopy(dit).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW(dit.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.99))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, config.steps))
+    generator = torch.Generator(device=device).manual_seed(seed)
+    modules, stateful = {"dit": dit, "ema": ema}, {"optimizer": optimizer, "scheduler": scheduler, "generator": generator}
+    shape = dict(image_size=image_size, action_dim=action_dim, latent_shape=list(latents_all.shape[1:]), size=config.size)
+
+    step = 0
+    checkpoint = latest_checkpoint(out)
+    if checkpoint is not None:
+        saved = torch.load(checkpoint / "state.pt", map_location="cpu", weights_only=False)["extra"]
+        if saved.get("shape") != shape:
+            raise ValueError(f"checkpoint {checkpoint} was trained for {saved.get('shape')}, but this run has {shape} (another resolution, action size or preset?)")
+        step, _ = load_checkpoint(checkpoint, modules, stateful)
+
+    writer = SummaryWriter(str(out / "tb"))
+    num_clips = len(latents_all)
+    mean_t = torch.as_tensor(action_mean, dtype=torch.float32, device=device)
+    std_t = torch.as_tensor(action_std, dtype=torch.float32, device=device)
+    loss_value, started, done = float("nan"), time.time(), step
+    bar = _progress(range(step, config.steps), initial=step, total=config.steps, desc="train-wm")
+    for step in bar:
+        index = torch.randint(num_clips, (config.batch_size,), generator=generator, device=device)
+        x0 = latents_all[index]  # (B, C, 4, h, w)
+        actions = (actions_all[index] - mean_t) / std_t  # (B, 13, A)
+        batch = x0.shape[0]
+        context, future = x0[:, :, :2], x0[:, :, 2:]
+        # rectified flow on the future latents
+        sigma = shift_sigmas(torch.rand(batch, device=device, generator=generator), config.shift)
+        noise = torch.randn(future.shape, device=device, generator=generator)
+        s = sigma.view(-1, 1, 1, 1, 1)
+        noisy_future = (1 - s) * future + s * noise
+        # context-noise augmentation on the non-reference context latents
+        context_sigma = torch.rand(batch, 2, device=device, generator=generator) * config.context_noise
+        if config.reference_frame:
+            context_sigma[:, 0] = 0.0
+        context_noise = torch.randn(context.shape, device=device, generator=generator)
+        cs = context_sigma.view(batch, 1, 2, 1, 1)
+        noisy_context = (1 - cs) * context + cs * context_noise
+        sigmas = torch.cat([context_sigma, sigma[:, None].expand(-1, future.shape[2])], dim=1)  # (B, 4)
+        with autocast(device):
+            velocity = dit(torch.cat([noisy_context, noisy_future], dim=2), sigmas, actions)
+        loss = F.mse_loss(velocity[:, :, 2:].float(), noise - future)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(dit.parameters(), config.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        with torch.no_grad():
+            decay = min(config.ema_decay, (1 + step) / (10 + step))
+            for p_ema, p in zip(ema.parameters(), dit.parameters()):
+                p_ema.lerp_(p, 1 - decay)
+        loss_value = float(loss)
+        done = step + 1
+        if done % config.log_every == 0 or done == config.steps:
+            writer.add_scalar("wm/loss", loss_value, done)
+            writer.add_scalar("wm/grad_norm", float(grad_norm), done)
+            writer.add_scalar("wm/lr", scheduler.get_last_lr()[0], done)
+            bar.set_postfix(loss=f"{loss_value:.4f}")
+        if done % config.sample_every == 0 or done == config.steps:
+            _log_samples(writer, ema, vae, latents_all[:4], (actions_all[:4] - mean_t) / std_t, model.sigmas, done)
+        if done % config.checkpoint_every == 0 and done < config.steps:
+            save_checkpoint(out, done, modules, stateful, extra={"shape": shape})
+        if config.time_limit_s and time.time() - started > config.time_limit_s:
+            _log_samples(writer, ema, vae, latents_all[:4], (actions_all[:4] - mean_t) / std_t, model.sigmas, done)
+            break
+    writer.close()
+    save_checkpoint(out, done, modules, stateful, extra={"shape": shape})
+    model.dit = ema
+    model.save_pretrained(out, dit=ema)
+    atomic_write_json(out / "results.json", {"steps": done, "final_loss": loss_value, "clips": num_clips,
+                                             "train_seconds_this_run": time.time() - started,
+                                             "parameters_millions": sum(p.numel() for p in ema.parameters()) / 1e6})  # fmt: skip
+    return model
+
+
+@torch.no_grad()
+def _log_samples(writer, dit, vae, latents: torch.Tensor, actions: torch.Tensor, sigmas: torch.Tensor, step: int) -> None:
+    """TensorBoard: real | generated 13-frame clips (context + 8 sampled frames) as one image strip each."""
+    device = latents.device
+    noise = torch.randn(latents[:, :, 2:].shape, device=device, generator=torch.Generator(device=device).manual_seed(0))
+    generated = sample_future(dit, latents[:, :, :2], actions, noise, sigmas)
+    with autocast(device):
+        real = vae_lib.decode(vae, latents)  # (b, 13, H, W, 3)
+        fake = vae_lib.decode(vae, torch.cat([latents[:, :, :2], generated], dim=2))
+    real_rows = torch.cat(list(real.unbind(1)), dim=2)  # (b, H, 13 W, 3)
+    fake_rows = torch.cat(list(fake.unbind(1)), dim=2)
+    image = torch.cat([torch.cat([r, f], dim=0) for r, f in zip(real_rows, fake_rows)], dim=0)  # real above generated
+    writer.add_image("wm/samples_real_over_generated", image.cpu(), step, dataformats="HWC")

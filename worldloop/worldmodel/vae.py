@@ -1,0 +1,144 @@
+"""The video VAE: diffusers ``AutoencoderKLWan`` (causal 3D, 4x temporal) and how frames get in and out.
+
+Frames are uint8 ``(B, T, H, W, 3)``; latents are ``(B, C, 1 + (T - 1) / 4, H / s, W / s)``,
+normalised per channel with the ``latents_mean`` / ``latents_std`` stored in the VAE's own config
+(the diffusers convention, so a Wan2.2 VAE folder works unchanged). A VAE trained here gets its
+statistics measured on the training frames.
+
+:class:`StreamingDecoder` decodes latent frames one chunk at a time while keeping the causal
+convolution cache between calls: a rollout decodes only its new latents and the frames still
+continue smoothly from the previous chunk.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from worldloop.worldmodel.configuration import VAEConfig
+
+TEMPORAL_FACTOR = 4
+
+
+def vae_architecture(size: str, spatial_downsamples: int = 3) -> dict:
+    """diffusers ``AutoencoderKLWan`` constructor arguments for a named size."""
+    if size == "wan2.2-5b":
+        z_dim = 48
+        return dict(
+            base_dim=160, decoder_base_dim=256, z_dim=z_dim, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
+            temperal_downsample=[False, True, True], is_residual=True, patch_size=2,
+            scale_factor_spatial=16, scale_factor_temporal=4,
+            latents_mean=[0.0] * z_dim, latents_std=[1.0] * z_dim,
+        )  # fmt: skip
+    base_dim, z_dim, widest, res_blocks = {"tiny": (16, 8, 2, 1), "small": (64, 32, 4, 1)}[size]
+    mult = {3: [1, 2, widest, widest], 2: [1, 2, widest]}[spatial_downsamples]
+    return dict(
+        base_dim=base_dim, z_dim=z_dim, dim_mult=mult, num_res_blocks=res_blocks,
+        temperal_downsample=[False] * (len(mult) - 3) + [True, True],
+        scale_factor_spatial=2**spatial_downsamples, scale_factor_temporal=4,
+        latents_mean=[0.0] * z_dim, latents_std=[1.0] * z_dim,
+    )  # fmt: skip
+
+
+def build_vae(config: VAEConfig):
+    """A randomly initialised ``AutoencoderKLWan`` of ``config.size``."""
+    from diffusers import AutoencoderKLWan
+
+    return AutoencoderKLWan(**vae_architecture(config.size, config.spatial_downsamples))
+
+
+def load_vae(folder: str | Path):
+    """An ``AutoencoderKLWan`` from a local diffusers-format folder (config.json + weights)."""
+    from diffusers import AutoencoderKLWan
+
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder} is not a diffusers VAE folder (no config.json)")
+    vae = AutoencoderKLWan.from_pretrained(str(folder), local_files_only=True)
+    return vae
+
+
+def spatial_factor(vae) -> int:
+    return int(vae.config.scale_factor_spatial)
+
+
+def latent_frames(num_frames: int) -> int:
+    """Latent frames of a clip of ``num_frames`` (1 + 4k) frames under the 4x causal VAE."""
+    if num_frames < 1 or (num_frames - 1) % TEMPORAL_FACTOR:
+        raise ValueError(f"a causal 4x VAE encodes 1 + 4k frames, got {num_frames}")
+    return 1 + (num_frames - 1) // TEMPORAL_FACTOR
+
+
+def frames_to_pixels(frames: torch.Tensor) -> torch.Tensor:
+    """uint8 (B, T, H, W, 3) -> float (B, 3, T, H, W) in [-1, 1]."""
+    if frames.dtype != torch.uint8 or frames.ndim != 5 or frames.shape[-1] != 3:
+        raise ValueError(f"expected uint8 frames (B, T, H, W, 3), got {frames.dtype} {tuple(frames.shape)}")
+    return frames.permute(0, 4, 1, 2, 3).float() / 127.5 - 1.0
+
+
+def pixels_to_frames(pixels: torch.Tensor) -> torch.Tensor:
+    """float (B, 3, T, H, W) in [-1, 1] -> uint8 (B, T, H, W, 3)."""
+    return ((pixels.float().clamp(-1, 1) + 1.0) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 4, 1)
+
+
+def _stats(vae, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    mean = torch.tensor(vae.config.latents_mean, device=like.device, dtype=torch.float32).view(1, -1, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std, device=like.device, dtype=torch.float32).view(1, -1, 1, 1, 1)
+    return mean, std
+
+
+def encode(vae, frames: torch.Tensor) -> torch.Tensor:
+    """uint8 frames (B, T, H, W, 3) -> normalised latents (B, C, t, h, w), the posterior mean."""
+    pixels = frames_to_pixels(frames).to(next(vae.parameters()).dtype)
+    raw = vae.encode(pixels).latent_dist.mode().float()
+    mean, std = _stats(vae, raw)
+    return (raw - mean) / std
+
+
+def decode(vae, latents: torch.Tensor) -> torch.Tensor:
+    """Normalised latents (B, C, t, h, w) -> uint8 frames (B, 1 + 4(t-1), H, W, 3), decoded from scratch."""
+    mean, std = _stats(vae, latents)
+    raw = (latents.float() * std + mean).to(next(vae.parameters()).dtype)
+    return pixels_to_frames(vae.decode(raw).sample)
+
+
+class StreamingDecoder:
+    """Decode latent frames chunk by chunk, keeping the causal decoder cache between calls.
+
+    The first call decodes its first latent as a single frame (like a from-scratch decode); every
+    later latent frame becomes 4 frames that continue from what was decoded before. Decoding
+    [l0, l1] then [l2, l3] gives the same frames as decoding [l0, l1, l2, l3] at once.
+    """
+
+    def __init__(self, vae):
+        self.vae = vae
+        self.cache: list | None = None
+
+    def reset(self) -> None:
+        self.cache = None
+
+    @torch.no_grad()
+    def __call__(self, latents: torch.Tensor) -> torch.Tensor:
+        vae = self.vae
+        mean, std = _stats(vae, latents)
+        raw = (latents.float() * std + mean).to(next(vae.parameters()).dtype)
+        first = self.cache is None
+        if first:
+            self.cache = [None] * vae._cached_conv_counts["decoder"]
+        x = vae.post_quant_conv(raw)
+        outs = []
+        for i in range(x.shape[2]):
+            # diffusers' own per-frame loop (AutoencoderKLWan._decode) with a cache that outlives the call
+            outs.append(vae.decoder(x[:, :, i : i + 1], feat_cache=self.cache, feat_idx=[0], first_chunk=first and i == 0))
+        out = torch.cat(outs, dim=2)
+        if vae.config.patch_size is not None:
+            from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
+
+            out = unpatchify(out, patch_size=vae.config.patch_size)
+        return pixels_to_frames(out)
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep only the batch rows ``index`` of the cache (after environments are dropped)."""
+        if self.cache is not None:
+            self.cache = [c[index] if isinstance(c, torch.Tensor) else c for c in self.cache]
