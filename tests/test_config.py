@@ -93,3 +93,9 @@ def test_sections_are_dataclasses():
     for f in dataclasses.fields(Config):
         value = getattr(Config(), f.name)
         assert dataclasses.is_dataclass(value) or isinstance(value, (int, str))
+
+
+def test_exponent_without_a_dot_is_a_float():
+    assert load_config("tiny-cpu", ["rl.lr=1e-5"]).rl.lr == 1e-5
+    with pytest.raises(ConfigError, match="rl.lr"):
+        load_config("tiny-cpu", ["rl.lr=fast"])

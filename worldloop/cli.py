@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
 import sys
 
@@ -62,6 +63,13 @@ def main(argv: list[str] | None = None) -> int:
         return int(args._module.run(args, config) or 0)
     except ConfigError as error:
         print(f"worldloop {args.verb}: config error: {error}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, ValueError, TypeError) as error:
+        # bad input (a missing folder, a corrupt file, a wrong shape): the message says what and where;
+        # WORLDLOOP_DEBUG=1 shows the traceback too
+        if os.environ.get("WORLDLOOP_DEBUG"):
+            raise
+        print(f"worldloop {args.verb}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"\nworldloop {args.verb}: interrupted; finished work is kept, rerun the same command to resume", file=sys.stderr)

@@ -258,6 +258,11 @@ def convert(hint: Any, value: Any, where: str) -> Any:
     if hint is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 1e-5 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         raise ConfigError(f"config key '{where}' must be a number, got {value!r}")
     if hint is int:
         if isinstance(value, int) and not isinstance(value, bool):

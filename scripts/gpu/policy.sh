@@ -10,12 +10,12 @@
 # Steps, each time-bounded, continuing on failure: [collect] -> eval expert -> for N in 1 5 20:
 # sft (N demos per task, successful clean episodes first) -> eval. Rerunning resumes an
 # interrupted sft from its checkpoints.
-# Sizing (assumed, not measured on the H200): the ~97M CompactVLA at batch 128, bf16 autocast, runs
-# ~10 steps/s, so sft.steps = 400 / 600 / 1000 take ~40 / 60 / 100 s plus ~20 s start-up and
-# data loading each; one 500-episode evaluation is <= 100k simulator steps at ~190 steps/s per
-# worker x 16 workers, <= ~35 s plus ~15 s start-up (the expert ends its episodes in ~80 steps).
-# Expected total ~7-8 min; the hard limits add up to 19 min.
-# Output: $OUT/summary.md (the table), $OUT/summary.json, $OUT/policy.log at the top; models, eval
+# Sizing: `worldloop bench policy` first measures the SFT step time of the ~97M CompactVLA (batch 128,
+# bf16), and the three runs get SFT_SECONDS (default 200) of training split 20/30/50 % (assumed
+# ~10 steps/s: ~400/600/1000 steps), plus ~20 s start-up and data loading each. One 500-episode
+# evaluation is <= 100k simulator steps at ~190 steps/s per worker x 16 workers, <= ~35 s plus ~15 s
+# start-up (the expert ends its episodes in ~80 steps). Expected total ~8 min; the limits add up to 21.
+# Output: $OUT/summary.md (the table), $OUT/summary.json, $OUT/policy.log, $OUT/bench_policy.txt at the top; models, eval
 # folders (results.json, results.md, videos/) and TensorBoard logs under $OUT/work/.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -57,7 +57,19 @@ fi
 
 step eval-expert 150 "${WL[@]}" eval "${PRESET[@]}" --policy expert --out "$WORK/eval-expert" --episodes-per-task "$EPISODES" "${SIM[@]}" "${EXTRA[@]}"
 
+# Size the three SFT runs from the measured step time: SFT_SECONDS of training in all, split 20/30/50 %
+# over 1/5/20 demos (defaults 400/600/1000 steps when the benchmark failed).
+step bench-policy 120 "${WL[@]}" bench policy "${PRESET[@]}" --steps 10 --out "$OUT/bench_policy.txt" "${SIM[@]}" "${EXTRA[@]}"
+SFT_SECONDS=${SFT_SECONDS:-200}
 declare -A STEPS=([1]=400 [5]=600 [20]=1000)
+MS=$(sed -n 's/^| sft step | [0-9]* | \([0-9.]*\) |.*/\1/p' "$OUT/bench_policy.txt" 2>/dev/null)
+if [ -n "$MS" ]; then
+  for pair in 1:20 5:30 20:50; do
+    N=${pair%%:*} SHARE=${pair##*:}
+    STEPS[$N]=$("$PY" -c "print(max(100, min(3000, int($SFT_SECONDS * $SHARE / 100 * 1000 / $MS) // 50 * 50)))")
+  done
+fi
+echo "sft steps: 1 demo ${STEPS[1]}, 5 demos ${STEPS[5]}, 20 demos ${STEPS[20]} (sft step ${MS:-?} ms)" | tee -a "$LOG"
 declare -A SFT_LIMIT=([1]=150 [5]=180 [20]=240)
 for N in 1 5 20; do
   step "sft-$N" "${SFT_LIMIT[$N]}" "${WL[@]}" sft "${PRESET[@]}" --dataset "$DATASET" --out "$WORK/sft-$N" --episodes-per-task "$N" \

@@ -19,6 +19,7 @@ TARGETS: dict[str, str] = {
     "wm": "worldloop.worldmodel.bench:bench_wm",
     "reward": "worldloop.rewards.bench:bench_reward_target",
     "data": "worldloop.data.bench:bench_data",
+    "policy": "worldloop.policies.bench:bench_policy",
 }
 """Benchmark name -> "module:function" with signature ``function(args, config) -> int``."""
 

@@ -56,7 +56,7 @@ class SFTConfig:
     """Supervised fine-tuning on demonstrations: token cross-entropy on action chunks."""
 
     episodes_per_task: int = 0
-    """Training episodes used per task (successful ones first); 0: every training episode."""
+    """Training episodes used per task (successful ones first, then clean ones); 0: every training episode."""
     steps: int = 300
     """Optimizer steps."""
     batch_size: int = 32
@@ -78,7 +78,7 @@ class SFTConfig:
     eval_every: int = 100
     """Steps between held-out evaluations (and at the end)."""
     checkpoint_every: int = 100
-    """Steps between training checkpoints (resume points); a Ctrl-C also saves one."""
+    """Steps between training checkpoints (resume points: rerunning `worldloop sft` on the same OUT continues)."""
 
     def validate(self) -> None:
         if self.episodes_per_task < 0 or self.steps < 1 or self.batch_size < 1 or self.lr <= 0:

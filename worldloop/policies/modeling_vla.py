@@ -127,7 +127,7 @@ class CompactVLA(nn.Module):
         load_vision_weights: bool = True,
     ):
         """``instructions`` sizes the instruction cache (filled by :meth:`add_instructions` or by loading
-        weights); ``tokenizer`` holds the action normalisation stats (set later with ``policy.tokenizer = ...``)."""
+        weights); ``tokenizer`` holds the action normalisation stats (or attach them later with :meth:`set_tokenizer`)."""
         super().__init__()
         config.validate()
         self.config = config
@@ -332,7 +332,8 @@ class CompactVLA(nn.Module):
 
     def _load_vision_weights(self, path: str) -> None:
         """Load the tensors of a local safetensors file whose names and shapes match the encoder
-        (torchvision ResNet names, optionally prefixed 'vision.'); normalisation layers are skipped."""
+        (torchvision ResNet names, optionally prefixed 'vision.'); every convolution must be found.
+        BatchNorm scales and shifts land in the GroupNorm layers; running statistics are ignored."""
         from safetensors.torch import load_file
 
         if not Path(path).is_file():
@@ -343,6 +344,11 @@ class CompactVLA(nn.Module):
             name = key.removeprefix("vision.")
             if name in own and own[name].shape == tensor.shape:
                 matched[name] = tensor
-        if not any(name.endswith("conv1.weight") for name in matched):
-            raise ValueError(f"{path}: no convolution weights match the image encoder (widths {self.config.vision_widths})")
+        convolutions = [name for name, tensor in own.items() if tensor.ndim == 4]
+        unmatched = [name for name in convolutions if name not in matched]
+        if unmatched:
+            raise ValueError(
+                f"{path} does not fit the image encoder (widths {self.config.vision_widths}): {len(unmatched)} of "
+                f"{len(convolutions)} convolutions have no tensor of the same name and shape there, e.g. {unmatched[:3]}"
+            )
         self.vision.load_state_dict(matched, strict=False)

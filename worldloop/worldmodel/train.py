@@ -120,14 +120,16 @@ def reconstruction_metrics(vae, episodes: Sequence[EpisodeLike], device: torch.d
 
 
 def latent_statistics(vae, episodes: Sequence[EpisodeLike], device: torch.device, clips: int = 128, length: int = 9) -> tuple[list[float], list[float]]:
-    """Per-channel mean and std of raw (unnormalised) latents of training clips."""
+    """Per-channel mean and std of the raw (unnormalised) 4-frame-group latents of training clips."""
     generator = torch.Generator().manual_seed(1)
     real = _random_clips(episodes, clips, length, generator).to(device)
     raws = []
     with torch.no_grad(), autocast(device):
         for batch in real.split(16):
             pixels = vae_lib.frames_to_pixels(batch)
-            raws.append(vae.encode(pixels).latent_dist.mode().float())
+            raws.append(vae.encode(pixels).latent_dist.mode().float()[:, :, 1:])
+    # the 4-frame-group latents only: they are what the DiT predicts (the first, single-frame latent
+    # of a clip has its own, often larger, spread)
     raw = torch.cat(raws).transpose(0, 1).flatten(1)  # (C, everything)
     return raw.mean(1).tolist(), raw.std(1).clamp_min(1e-4).tolist()
 
@@ -346,7 +348,7 @@ def train_world_model(
             decay = min(config.ema_decay, (1 + step) / (10 + step))
             for p_ema, p in zip(ema.parameters(), dit.parameters()):
                 p_ema.lerp_(p, 1 - decay)
-        loss_value = float(loss)
+        loss_value = float(loss.detach())
         done = step + 1
         if done % config.log_every == 0 or done == config.steps:
             writer.add_scalar("wm/loss", loss_value, done)

@@ -49,14 +49,26 @@ def build_vae(config: VAEConfig):
 
 
 def load_vae(folder: str | Path):
-    """An ``AutoencoderKLWan`` from a local diffusers-format folder (config.json + weights)."""
+    """An ``AutoencoderKLWan`` from a local diffusers-format folder (config.json + safetensors weights).
+
+    Built from the config and filled with ``load_state_dict(strict=True)``: every tensor must be in
+    the file, nothing is left at its random initialisation whichever loading path diffusers prefers."""
     from diffusers import AutoencoderKLWan
+    from safetensors.torch import load_file
 
     folder = Path(folder)
-    if not (folder / "config.json").is_file():
+    config_file = folder / "config.json"
+    if not config_file.is_file():
         raise FileNotFoundError(f"{folder} is not a diffusers VAE folder (no config.json)")
-    vae = AutoencoderKLWan.from_pretrained(str(folder), local_files_only=True)
-    return vae
+    weights = sorted(folder.glob("*.safetensors"))
+    if len(weights) != 1:
+        raise FileNotFoundError(f"{folder} must hold exactly one .safetensors weights file, found {[w.name for w in weights]}")
+    vae = AutoencoderKLWan.from_config(AutoencoderKLWan.load_config(str(folder)))
+    try:
+        vae.load_state_dict(load_file(weights[0]), strict=True)
+    except RuntimeError as error:
+        raise ValueError(f"{weights[0]} does not match the VAE described by {config_file}: {str(error)[:300]}") from error
+    return vae.eval()
 
 
 def spatial_factor(vae) -> int:

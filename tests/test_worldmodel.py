@@ -1,0 +1,171 @@
+"""World model pieces at tiny size: VAE, DiT, clips, rollout, save/load, metrics, bad input."""
+
+import numpy as np
+import pytest
+import torch
+
+from worldloop.worldmodel import vae as vae_lib
+from worldloop.worldmodel.clips import clip_spec
+from worldloop.worldmodel.configuration import VAEConfig, WorldModelConfig
+from worldloop.worldmodel.metrics import psnr, ssim
+from worldloop.worldmodel.modeling import ActionConditionedDiT
+from worldloop.worldmodel.rollout import WorldModel
+
+SIZE = 32
+
+
+@pytest.fixture(scope="module")
+def model() -> WorldModel:
+    torch.manual_seed(0)
+    vae = vae_lib.build_vae(VAEConfig())
+    wm = WorldModel.build(WorldModelConfig(sampling_steps=2), vae, SIZE, 3, device="cpu")
+    # make the action MLP non-trivial (it starts at zero, AdaLN-Zero style)
+    torch.nn.init.normal_(wm.dit.frame_action_mlp[-1].weight, std=0.5)
+    return wm
+
+
+def frames(n: int, t: int | None = None, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    shape = (n, SIZE, SIZE, 3) if t is None else (n, t, SIZE, SIZE, 3)
+    return torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
+
+
+def test_vae_shapes_and_streaming_decode_equals_full(model):
+    video = frames(2, 13)
+    with torch.no_grad():
+        latents = vae_lib.encode(model.vae, video)
+        assert latents.shape == (2, 8, 4, SIZE // 8, SIZE // 8)
+        full = vae_lib.decode(model.vae, latents)
+        stream = vae_lib.StreamingDecoder(model.vae)
+        parts = torch.cat([stream(latents[:, :, :2]), stream(latents[:, :, 2:])], dim=1)
+    assert full.shape == (2, 13, SIZE, SIZE, 3) and full.dtype == torch.uint8
+    assert torch.equal(parts, full)
+
+
+def test_dit_shapes_and_both_action_channels_matter(model):
+    dit = model.dit
+    latents = torch.randn(2, 8, 4, 4, 4)
+    sigmas = torch.tensor([[0.0, 0.0, 0.7, 0.7]] * 2)
+    actions = torch.randn(2, 13, 3)
+    with torch.no_grad():
+        out = dit(latents, sigmas, actions)
+        assert out.shape == latents.shape
+        other = actions.clone()
+        other[:, 5:] *= -1
+        assert (dit(latents, sigmas, other) - out).abs().max() > 1e-4
+        # AdaLN channel alone: the per-frame offset is added to the timestep embedding
+        groups = dit.frame_action_groups(actions)
+        assert groups.shape == (2, 4, 12) and torch.equal(groups[:, 0, :9], torch.zeros(2, 9))
+        assert torch.equal(groups[:, 2], actions[:, 5:9].reshape(2, 12))
+
+
+def test_dit_rejects_bad_shapes(model):
+    with pytest.raises(ValueError, match="actions must be"):
+        model.dit(torch.randn(1, 8, 4, 4, 4), torch.zeros(1, 4), torch.randn(1, 13, 5))
+    with pytest.raises(ValueError, match="latent frames"):
+        model.dit(torch.randn(1, 8, 3, 4, 4), torch.zeros(1, 3), torch.randn(1, 13, 3))
+
+
+def test_clip_spec_pairs_each_frame_with_the_action_that_produced_it():
+    actions = np.arange(40, dtype=np.float32).reshape(20, 2)
+    spec = clip_spec(actions, t=6, chunk=8, memory_frames=4)
+    assert spec.frame_indices.tolist() == [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+    assert np.array_equal(spec.actions[0], [0, 0])  # the pre/reference slot
+    assert np.array_equal(spec.actions[1:], actions[2:14])  # frame i <- a[i-1]; future <- a[6..13]
+    early = clip_spec(actions, t=1, chunk=8, memory_frames=4)
+    assert early.frame_indices[:5].tolist() == [0, 0, 0, 0, 1]
+    assert not early.actions[1:4].any() and np.array_equal(early.actions[4], actions[0])
+    static = clip_spec(actions, t=3, chunk=8, memory_frames=4, static=True)
+    assert static.static and set(static.frame_indices.tolist()) == {3} and not static.actions.any()
+    one = clip_spec(actions, t=6, chunk=8, memory_frames=1)
+    assert one.frame_indices[:5].tolist() == [6] * 5 and not one.actions[:5].any()
+
+
+def test_reference_slot_fixed_and_batched_equals_per_env(model):
+    first, chunks = frames(3, seed=1), torch.randn(2, 3, 8, 3)
+    model.reset(first, seeds=[11, 12, 13])
+    reference = model.context[:, :, :1].clone()
+    with torch.no_grad():
+        expected_reference = vae_lib.encode(model.vae, first[:, None])
+    assert torch.allclose(reference, expected_reference, atol=1e-5)
+    batched = torch.cat([model.step(chunks[0]), model.step(chunks[1])], dim=1)
+    assert batched.shape == (3, 16, SIZE, SIZE, 3) and batched.dtype == torch.uint8
+    assert torch.equal(model.context[:, :, :1], reference)  # never changes during the rollout
+    for i in range(3):
+        model.reset(first[i : i + 1], seeds=[11 + i])
+        single = torch.cat([model.step(chunks[0, i : i + 1]), model.step(chunks[1, i : i + 1])], dim=1)
+        assert (single[0].int() - batched[i].int()).abs().max() <= 1
+    # independent noise per env: two envs with the same start and actions but other seeds differ
+    model.reset(first[:1].expand(2, -1, -1, -1), seeds=[1, 2])
+    twins = model.step(chunks[0, :1].expand(2, -1, -1))
+    assert (twins[0].int() - twins[1].int()).abs().max() > 0
+
+
+def test_full_and_cached_decode_agree_on_the_first_chunk(model):
+    first, chunk = frames(2, seed=2), torch.randn(2, 8, 3)
+    model.reset(first, seeds=[0, 1])
+    cached = model.step(chunk)
+    model.set_sampling(model.sampling_steps, model.shift, "full")
+    try:
+        model.reset(first, seeds=[0, 1])
+        full = model.step(chunk)
+    finally:
+        model.set_sampling(model.sampling_steps, model.shift, "cached")
+    assert (cached.int() - full.int()).abs().max() <= 1
+
+
+def test_rollout_rejects_bad_input(model):
+    with pytest.raises(ValueError, match="first_frames"):
+        model.reset(torch.zeros(2, 64, 64, 3, dtype=torch.uint8))  # another resolution
+    with pytest.raises(ValueError, match="memory_frames"):
+        model.reset(frames(2), memory_frames=frames(2, 3))  # context of the wrong length
+    model.reset(frames(2))
+    with pytest.raises(ValueError, match="action_chunks"):
+        model.step(torch.zeros(2, 8, 4))  # wrong action dim
+    with pytest.raises(ValueError, match="action_chunks"):
+        model.step(torch.zeros(2, 5, 3))  # wrong chunk length
+
+
+def test_save_load_roundtrip(model, tmp_path):
+    model.save_pretrained(tmp_path / "wm")
+    loaded = WorldModel.from_pretrained(tmp_path / "wm", "cpu")
+    first, chunk = frames(2, seed=3), torch.randn(2, 8, 3)
+    model.reset(first, seeds=[4, 5])
+    loaded.reset(first, seeds=[4, 5])
+    assert torch.equal(model.step(chunk), loaded.step(chunk))
+    assert loaded.image_size == SIZE and loaded.action_dim == 3 and loaded.chunk_size == 8
+    (tmp_path / "wm" / "model.safetensors").write_bytes(b"broken")
+    with pytest.raises(ValueError, match="corrupt"):
+        WorldModel.from_pretrained(tmp_path / "wm", "cpu")
+
+
+def test_ablation_switches_keep_shapes():
+    torch.manual_seed(0)
+    vae = vae_lib.build_vae(VAEConfig())
+    for config in (WorldModelConfig(reference_frame=False, sampling_steps=1), WorldModelConfig(memory_frames=1, sampling_steps=1)):
+        wm = WorldModel.build(config, vae, SIZE, 2, device="cpu")
+        first = frames(2, seed=4)
+        wm.reset(first)
+        reference = wm.context[:, :, :1].clone()
+        out = wm.step(torch.randn(2, 8, 2))
+        assert out.shape == (2, 8, SIZE, SIZE, 3)
+        moved = not torch.allclose(wm.context[:, :, :1], reference)
+        assert moved == (not config.reference_frame)  # only the no-reference ablation slides slot 0
+
+
+def test_psnr_ssim():
+    a = frames(2, 3, seed=5)
+    assert torch.all(psnr(a, a) > 90) and torch.allclose(ssim(a, a), torch.ones(2, 3))
+    b = frames(2, 3, seed=6)
+    assert torch.all(psnr(a, b) < 12) and torch.all(ssim(a, b) < 0.2)
+    with pytest.raises(ValueError):
+        psnr(a, b[:, :2])
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="memory_frames"):
+        WorldModelConfig(memory_frames=2).validate()
+    with pytest.raises(ValueError, match="clip_frames"):
+        VAEConfig(clip_frames=4).validate()
+    with pytest.raises(ValueError, match="chunk_size"):
+        WorldModelConfig(chunk_size=6).validate()
