@@ -36,7 +36,7 @@ render-deps: $(VENV)/.installed
 	fi
 
 demo: $(VENV)/.installed render-deps
-	$(VENV)/bin/worldloop collect --out $(DEMO)/dataset
+	$(VENV)/bin/worldloop loop --out $(DEMO)
 
 test: $(VENV)/.installed render-deps
 	$(PY) -m pytest

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from worldloop.cli import main
-from worldloop.config import load_config
+from worldloop.config import load_config, load_saved_config
 from worldloop.data.collect import collect, collection_plan, expert_driver
 from worldloop.data.dataset import TrajectoryDataset
 
@@ -27,6 +27,7 @@ def snapshot(root: Path) -> dict[str, int]:
 
 
 def test_collect_two_tasks_gives_dataset_and_summary(tiny_dataset):
+    config = load_saved_config(tiny_dataset)
     summary = json.loads((tiny_dataset / "summary.json").read_text())
     assert sorted(summary["tasks"]) == ["button-press-topdown-v3", "reach-v3"]
     assert all(block["episodes"] == 2 for block in summary["tasks"].values())
@@ -42,8 +43,9 @@ def test_collect_two_tasks_gives_dataset_and_summary(tiny_dataset):
         assert 1 <= len(episode) <= 48 and episode.frames.shape == (len(episode), 64, 64, 3)
         assert episode.frames[0].std() > 10  # a rendered scene, not a blank buffer
         assert np.abs(episode.actions).max() <= 1.0
-        if episode.success.any():  # the episode ends at its first success
-            assert episode.success[-1] and not episode.success[:-1].any()
+        if episode.success.any():  # the episode ends sim.success_hold_steps after its first success
+            first = int(np.argmax(episode.success))
+            assert len(episode) == min(first + 1 + config.sim.success_hold_steps, config.sim.max_steps)
         outcomes.append(bool(episode.success.any()))
     assert summary["overall"]["success_rate"] == pytest.approx(np.mean(outcomes))
     assert True in outcomes and False in outcomes

@@ -35,5 +35,5 @@ def test_train_then_calibrate_reward_cli(dataset, tmp_path, capsys):
     assert (cal / "histogram.png").is_file() and (cal / "config.yaml").is_file()
     assert "AUROC" in capsys.readouterr().out
     # A missing dataset is named in the error.
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        main(["calibrate-reward", "--judge", str(rw), "--dataset", str(tmp_path / "nope"), "--out", str(cal)])
+    assert main(["calibrate-reward", "--judge", str(rw), "--dataset", str(tmp_path / "nope"), "--out", str(cal)]) == 2
+    assert "nope does not exist" in capsys.readouterr().err

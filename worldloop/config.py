@@ -158,9 +158,20 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     return nested
 
 
+def resolve_preset(name_or_path: str | Path, seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A preset's mapping with its ``base:`` chain (presets it extends) merged underneath."""
+    data = read_preset(name_or_path)
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if str(base) in seen:
+        raise ConfigError(f"preset {name_or_path}: 'base: {base}' makes a cycle ({' -> '.join(seen)})")
+    return deep_merge(resolve_preset(base, (*seen, str(name_or_path))), data)
+
+
 def load_config(preset: str | Path = DEFAULT_PRESET, overrides: list[str] | None = None) -> Config:
-    """Defaults <- preset <- overrides, validated against the schema."""
-    data = deep_merge(read_preset(preset), parse_overrides(overrides or []))
+    """Defaults <- preset (and the presets it extends) <- overrides, validated against the schema."""
+    data = deep_merge(resolve_preset(preset), parse_overrides(overrides or []))
     data.setdefault("preset", Path(preset).stem if Path(preset).suffix else str(preset))
     return from_dict(Config, data)
 

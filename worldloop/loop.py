@@ -4,8 +4,8 @@
     -> judge -> KIR keyframes -> RL stage 1 -> real eval -> evolved-policy rollouts
     -> world-model refinement (WM Evo) -> RL stage 2 -> real eval -> report
 
-Each stage is one CLI verb run in-process with the loop's preset and overrides; it writes its own
-folder under RUN/. When a stage returns, a marker ``RUN/stages/<name>.json`` records it, so a rerun
+Each stage is one CLI verb, run as its own process (a clean slate of memory, threads and GL state)
+with the loop's preset and overrides; it writes its own folder under RUN/. When a stage returns, a marker ``RUN/stages/<name>.json`` records it, so a rerun
 skips finished stages; a stage interrupted midway resumes through its own checkpoints. Any
 stage's product can be replaced by the user's own (``--dataset``, ``--base-policy``,
 ``--world-model``, ``--judge``): the stages that would build it are then skipped.
@@ -13,6 +13,8 @@ stage's product can be replaced by the user's own (``--dataset``, ``--base-polic
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,10 +78,10 @@ def plan(config: Config, run: Path, inputs: Inputs) -> tuple[list[Stage], dict[s
     )
     if inputs.world_model is None:
         stages.append(Stage("vae", ["train-vae", "--dataset", p["rollouts_base"], "--out", p["vae"]]))
-        stages.append(Stage("wm_base", ["train-wm", "--dataset", p["rollouts_base"], "--vae", p["vae"], "--out", p["wm_base"]]))
+        stages.append(Stage("wm_base", ["train-wm", "--dataset", p["demos"], p["rollouts_base"], "--vae", p["vae"], "--out", p["wm_base"]]))
     stages.append(Stage("eval_wm_base", ["eval-wm", "--world-model", p["wm_base"], "--dataset", p["rollouts_base"], "--out", str(run / "eval_wm_base")]))
     if inputs.judge is None and not lp.judge.startswith("topreward:"):
-        stages.append(Stage("judge", ["train-reward", "--dataset", p["rollouts_base"], "--out", p["judge"]]))
+        stages.append(Stage("judge", ["train-reward", "--dataset", p["demos"], p["rollouts_base"], "--out", p["judge"]]))
     stages.append(Stage("keyframes", ["kir", "--dataset", p["rollouts_base"], "--policy", p["policy_base"], "--out", p["keyframes"]]))
     rl_inputs = ["--judge", p["judge"], "--dataset", p["rollouts_base"], "--keyframes", p["keyframes"], "--no-progress"]
     stages.append(Stage("rl1", ["rl", "--policy", p["policy_base"], "--world-model", p["wm_base"], "--out", p["rl1"], *rl_inputs]))
@@ -113,13 +115,12 @@ def run_loop(
     stop_after: str | None = None,
 ) -> Path:
     """Run every unfinished stage, then write the report; returns the report's path.
-    ``verb`` runs one CLI command (default: :func:`worldloop.cli.main`); ``stop_after`` ends the
-    loop after the named stage (tests use it to simulate an interruption)."""
-    from worldloop.cli import main as cli_main
+    ``verb`` runs one CLI command (default: ``python -m worldloop ...`` in a child process);
+    ``stop_after`` ends the loop after the named stage (tests use it to simulate an interruption)."""
     from worldloop.config import save_config
     from worldloop.report import write_report
 
-    verb = verb or cli_main
+    verb = verb or run_verb
     run = Path(run)
     run.mkdir(parents=True, exist_ok=True)
     save_config(config, run)
@@ -139,6 +140,11 @@ def run_loop(
         if stop_after == stage.name:
             return run / "report.md"
     return write_report(run, paths, stage_seconds(run))
+
+
+def run_verb(argv: list[str]) -> int:
+    """``worldloop ARGV`` in a child process; its exit code."""
+    return subprocess.run([sys.executable, "-m", "worldloop", *argv], check=False).returncode
 
 
 def stage_seconds(run: Path) -> dict[str, float]:

@@ -14,7 +14,7 @@ HELP = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", required=True, help="LeRobot v3 dataset folder (worldloop collect); needs success-labelled frames")
+    parser.add_argument("--dataset", required=True, nargs="+", help="LeRobot v3 dataset folder(s) (worldloop collect); together they need success-labelled frames")
     parser.add_argument("--out", required=True, help="run folder; OUT (or OUT/model) is a judge for load_judge / --judge")
 
 
@@ -26,12 +26,17 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from worldloop.utils.device import resolve_device
 
     settings = config.reward.classifier
-    dataset = TrajectoryDataset(args.dataset)
-    train_ids, held_out_ids = split_episodes(dataset, settings.held_out_fraction, seed=config.seed)
+    datasets = [TrajectoryDataset(folder) for folder in args.dataset]
+    splits = [split_episodes(dataset, settings.held_out_fraction, seed=config.seed) for dataset in datasets]
+    held_out_ids = [i for _, held in splits for i in held]
     save_config(config, args.out)
-    instructions = list(dataset.tasks)
-    train = labelled_frames(dataset.episodes(list(train_ids)), instructions, settings.max_frames)
-    held_out = labelled_frames(dataset.episodes(list(held_out_ids)), instructions, settings.max_frames) if len(held_out_ids) else None
+    instructions = list(dict.fromkeys(task for dataset in datasets for task in dataset.tasks))
+
+    def episodes(part: int):  # every dataset's train (0) or held-out (1) episodes, one after another
+        return (episode for dataset, split in zip(datasets, splits) for episode in dataset.episodes(list(split[part])))
+
+    train = labelled_frames(episodes(0), instructions, settings.max_frames)
+    held_out = labelled_frames(episodes(1), instructions, settings.max_frames) if held_out_ids else None
     print(
         f"train-reward: {len(train)} training frames ({int(train.success.sum())} success), "
         f"{len(held_out) if held_out else 0} held-out frames from {len(held_out_ids)} episodes"

@@ -14,9 +14,10 @@ Example: worldloop train-wm --dataset runs/data --vae runs/vae --out runs/wm wor
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", required=True, help="LeRobot v3 dataset folder")
+    parser.add_argument("--dataset", required=True, nargs="+", help="LeRobot v3 dataset folder(s); several are trained on together")
     parser.add_argument("--vae", required=True, help="VAE folder written by `worldloop train-vae` (or any local diffusers AutoencoderKLWan)")
     parser.add_argument("--out", required=True, help="world-model folder to write")
+    parser.add_argument("--init", default=None, help="world-model folder to start from (fine-tuning, e.g. PACE's WM Evo)")
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
@@ -25,12 +26,15 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
     from worldloop.utils.device import resolve_device
     from worldloop.worldmodel.train import load_split, train_world_model
+    from worldloop.worldmodel.rollout import WorldModel
     from worldloop.worldmodel.vae import load_vae
 
     save_config(config, args.out)
-    train, _, _ = load_split(args.dataset, config.world_model.held_out_fraction, config.seed)
+    train = [episode for folder in args.dataset for episode in load_split(folder, config.world_model.held_out_fraction, config.seed)[0]]
     vae = load_vae(args.vae)
-    key = {"dataset": str(Path(args.dataset).resolve()), "vae": str(Path(args.vae).resolve())}
-    train_world_model(config.world_model, train, vae, args.out, resolve_device(config.device), config.seed, cache_key=key)
+    key = {"dataset": [str(Path(folder).resolve()) for folder in args.dataset], "vae": str(Path(args.vae).resolve()), "init": args.init}
+    device = resolve_device(config.device)
+    init = WorldModel.from_pretrained(args.init, device) if args.init else None
+    train_world_model(config.world_model, train, vae, args.out, device, config.seed, cache_key=key, init=init)
     print(json.dumps(json.loads((Path(args.out) / "results.json").read_text()), indent=2))
     return 0

@@ -46,18 +46,24 @@ def _timed(fn, device: torch.device, repeats: int) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-@torch.no_grad()
-def measure(size: str, batch: int, config: Config, device: torch.device, repeats: int = 3) -> dict:
+def build_model(size: str, config: Config, device: torch.device):
     from worldloop.worldmodel import vae as vae_lib
     from worldloop.worldmodel.configuration import VAEConfig
-    from worldloop.worldmodel.modeling import dit_flops_per_forward
-    from worldloop.worldmodel.rollout import WorldModel, autocast, sample_future
+    from worldloop.worldmodel.rollout import WorldModel
 
-    image = RESOLUTION[size]
     torch.manual_seed(0)
     vae = vae_lib.build_vae(VAEConfig(size=size))
     wm_config = dataclasses.replace(config.world_model, size=size)
-    model = WorldModel.build(wm_config, vae, image, 4, device=device).for_inference()
+    return WorldModel.build(wm_config, vae, RESOLUTION[size], 4, device=device).for_inference()
+
+
+@torch.no_grad()
+def measure(model, size: str, batch: int, device: torch.device, repeats: int = 3) -> dict:
+    from worldloop.worldmodel import vae as vae_lib
+    from worldloop.worldmodel.modeling import dit_flops_per_forward
+    from worldloop.worldmodel.rollout import autocast, sample_future
+
+    image = RESOLUTION[size]
     first = torch.randint(0, 256, (batch, image, image, 3), dtype=torch.uint8, device=device)
     actions = torch.randn(batch, model.chunk_size, 4, device=device)
     model.reset(first)
@@ -95,9 +101,6 @@ def measure(size: str, batch: int, config: Config, device: torch.device, repeats
         "dit_tflops": flops / dit_s / 1e12, "dit_mfu": (flops / dit_s / peak) if peak else None,
         "step_mfu": (flops / step_s / peak) if peak else None,
     }  # fmt: skip
-    del model, vae
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
     return row
 
 
@@ -123,13 +126,17 @@ def bench_wm(args: argparse.Namespace, config: Config) -> int:
     device = resolve_device(config.device)
     rows = []
     for size in config.world_model.bench_sizes:
+        model = build_model(size, config, device)
         for batch in config.world_model.bench_batch_sizes:
             try:
-                rows.append(measure(size, batch, config, device))
+                rows.append(measure(model, size, batch, device))
             except torch.cuda.OutOfMemoryError as error:  # report and continue with the next setting
                 rows.append({"size": size, "image": RESOLUTION[size], "batch": batch, "error": f"out of memory: {str(error)[:80]}"})
                 torch.cuda.empty_cache()
             print(format_table(rows[-1:]).splitlines()[-1], flush=True)
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     table = format_table(rows)
     title = f"worldloop bench wm on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'} ({config.world_model.sampling_steps} sampler steps, 8 new frames per step)"
     print(title + "\n" + table)

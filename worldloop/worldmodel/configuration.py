@@ -31,8 +31,9 @@ class VAEConfig:
     """Optimizer steps of `worldloop train-vae`."""
     batch_size: int = 8
     """Clips per optimizer step."""
-    clip_frames: int = 5
-    """Frames per training clip (1 + 4k, so the causal 4x temporal encoder sees whole groups)."""
+    clip_frames: int = 13
+    """Frames per training clip (1 + 4k). 13 = 4 latent frames, the world model's layout: a VAE trained
+    on 5-frame clips only ever sees latent positions 0 and 1 and decodes positions 2+ poorly."""
     lr: float = 3e-4
     """AdamW learning rate (cosine decay to 10% after a 5% warm-up)."""
     kl_weight: float = 1e-6

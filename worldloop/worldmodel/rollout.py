@@ -86,6 +86,7 @@ class WorldModel:
         self.context: torch.Tensor | None = None  # (N, C, 2, h, w)
         self.context_actions: torch.Tensor | None = None  # (N, 5, A) raw
         self.generators: list[torch.Generator] = []
+        self.resets = 0  # default noise seeds differ from one reset to the next
 
     # ------------------------------------------------------------------------------------ folders
 
@@ -178,7 +179,8 @@ class WorldModel:
     ) -> None:
         """Start N rollouts. first_frames (N, H, W, 3) uint8: the episodes' first frames (the fixed
         reference). memory_frames (N, 4, H, W, 3) uint8: the last 4 frames, the newest last (default:
-        the first frame repeated). seeds: one noise seed per environment (default 0..N-1).
+        the first frame repeated). seeds: one noise seed per environment (default: k*N .. k*N+N-1
+        at the k-th reset, so every episode gets new noise).
         memory_actions (N, 4, A): the actions that produced the memory frames (default zero)."""
         first = self._check_frames(first_frames, "first_frames", (len(first_frames),))
         num_envs = first.shape[0]
@@ -194,7 +196,10 @@ class WorldModel:
                 raise ValueError(f"memory_actions must be ({num_envs}, {MEMORY}, {self.action_dim}), got {tuple(memory_actions.shape)}")
             if self.memory_frames == MEMORY:
                 self.context_actions[:, 1:] = memory_actions
-        seeds = list(range(num_envs)) if seeds is None else list(seeds)
+        if seeds is None:  # fresh, reproducible noise streams for every reset
+            seeds = [self.resets * num_envs + i for i in range(num_envs)]
+        seeds = list(seeds)
+        self.resets += 1
         if len(seeds) != num_envs:
             raise ValueError(f"reset got {num_envs} environments but {len(seeds)} seeds")
         self.generators = [torch.Generator(device=self.device).manual_seed(int(s)) for s in seeds]

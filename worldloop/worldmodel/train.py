@@ -105,7 +105,7 @@ class VGGFeatures(torch.nn.Module):
         return self.features(((images + 1) / 2 - self.mean) / self.std)
 
 
-def reconstruction_metrics(vae, episodes: Sequence[EpisodeLike], device: torch.device, clips: int = 64, length: int = 9, seed: int = 0) -> dict[str, float]:
+def reconstruction_metrics(vae, episodes: Sequence[EpisodeLike], device: torch.device, clips: int = 64, length: int = 13, seed: int = 0) -> dict[str, float]:
     """Mean PSNR / SSIM of VAE reconstructions of held-out clips."""
     generator = torch.Generator().manual_seed(seed)
     real = _random_clips(episodes, clips, length, generator).to(device)
@@ -189,10 +189,10 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
             losses.append(float(loss.detach()))
             done = step + 1
             if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
-                writer.add_scalar("vae/loss", float(loss), step + 1)
-                writer.add_scalar("vae/l1", float(l1), step + 1)
-                writer.add_scalar("vae/kl", float(kl), step + 1)
-                bar.set_postfix(loss=f"{float(loss):.4f}")
+                writer.add_scalar("vae/loss", losses[-1], step + 1)
+                writer.add_scalar("vae/l1", float(l1.detach()), step + 1)
+                writer.add_scalar("vae/kl", float(kl.detach()), step + 1)
+                bar.set_postfix(loss=f"{losses[-1]:.4f}")
             if (step + 1) % config.checkpoint_every == 0 and step + 1 < config.steps:
                 save_checkpoint(out, step + 1, {"vae": vae}, {"optimizer": optimizer, "scheduler": scheduler, "generator": generator})
             if config.time_limit_s and time.time() - started > config.time_limit_s:
@@ -270,29 +270,42 @@ def train_world_model(
     device: torch.device,
     seed: int = 0,
     cache_key: dict[str, Any] | None = None,
+    clips: dict[str, torch.Tensor] | None = None,
+    init: WorldModel | None = None,
 ) -> WorldModel:
     """Train the action-conditioned DiT on ``train_episodes``; the EMA model is saved to ``out``
-    (config.json, model.safetensors, vae/) and returned."""
+    (config.json, model.safetensors, vae/) and returned. ``clips`` ({"latents" (M, C, 4, h, w),
+    "actions" (M, 13, A) raw}) replaces the episodes with ready-made latent clips. ``init`` starts
+    from a trained world model's weights and action statistics (fine-tuning, e.g. PACE's WM Evo)."""
     from torch.utils.tensorboard import SummaryWriter
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    if not train_episodes:
-        raise ValueError("train-wm: no training episodes")
     vae = vae.to(device).eval().requires_grad_(False)
-    image_size = int(_frames(train_episodes[0]).shape[1])
-    all_actions = np.concatenate([_actions(e) for e in train_episodes])
+    if clips is None:
+        if not train_episodes:
+            raise ValueError("train-wm: no training episodes")
+        image_size = int(_frames(train_episodes[0]).shape[1])
+        all_actions = np.concatenate([_actions(e) for e in train_episodes])
+        key = dict(cache_key or {}, image_size=image_size, episodes=len(train_episodes), chunk=config.chunk_size, memory=config.memory_frames,
+                   reference=config.reference_frame, stride=config.clip_stride, static=config.static_fraction, seed=seed,
+                   vae_mean=list(vae.config.latents_mean)[:4])  # fmt: skip
+        clips = cached_clips(vae, train_episodes, config, device, out, key, seed)
+    else:
+        image_size = int(clips["latents"].shape[-1]) * vae_lib.spatial_factor(vae)
+        all_actions = clips["actions"][:, 5:].reshape(-1, clips["actions"].shape[-1]).numpy()
     action_dim = all_actions.shape[1]
     action_mean, action_std = all_actions.mean(0), np.maximum(all_actions.std(0), 1e-3)
-
-    key = dict(cache_key or {}, image_size=image_size, episodes=len(train_episodes), chunk=config.chunk_size, memory=config.memory_frames,
-               reference=config.reference_frame, stride=config.clip_stride, static=config.static_fraction, seed=seed,
-               vae_mean=list(vae.config.latents_mean)[:4])  # fmt: skip
-    clips = cached_clips(vae, train_episodes, config, device, out, key, seed)
+    if init is not None:
+        if (init.image_size, len(init.spec["action_mean"])) != (image_size, action_dim):
+            raise ValueError(f"--init world model renders {init.image_size}px with {len(init.spec['action_mean'])}-d actions; this data has {image_size}px, {action_dim}-d")
+        action_mean, action_std = np.asarray(init.spec["action_mean"]), np.asarray(init.spec["action_std"])
     latents_all, actions_all = clips["latents"].to(device), clips["actions"].to(device)
 
     torch.manual_seed(seed)
     model = WorldModel.build(config, vae, image_size, action_dim, action_mean.tolist(), action_std.tolist(), device)
+    if init is not None:
+        model.dit.load_state_dict({k: v.float() for k, v in init.dit.state_dict().items()})
     dit = model.dit.train()
     if config.gradient_checkpointing and device.type == "cuda":
         dit.transformer.enable_gradient_checkpointing()

@@ -1,0 +1,68 @@
+"""The closed loop on the micro preset: every stage runs, an interrupted loop resumes, and the
+report says what results.json says."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from worldloop.cli import main
+from worldloop.config import load_config
+from worldloop.loop import STAGES_DIR, Inputs, plan, run_loop
+
+OVERRIDES = ["loop.eval_episodes_per_task=1", "rl.iterations=1"]
+
+
+def test_plan_skips_what_the_user_brings(tmp_path):
+    config = load_config("micro")
+    names = [s.name for s in plan(config, tmp_path, Inputs())[0]]
+    assert names[:2] == ["demos", "policy_base"] and names[-1] == "eval_rl2"
+    own = [s.name for s in plan(config, tmp_path, Inputs(dataset="d", base_policy="p", world_model="w", judge="j"))[0]]
+    assert not {"demos", "policy_base", "vae", "wm_base", "judge"} & set(own)
+    no_pace = [s.name for s in plan(load_config("micro", ["loop.pace=false"]), tmp_path, Inputs())[0]]
+    assert no_pace[-1] == "eval_rl1" and "wm_evo" not in no_pace
+
+
+def test_failed_stage_stops_the_loop_and_leaves_no_marker(tmp_path):
+    with pytest.raises(RuntimeError, match="stage demos failed"):
+        run_loop(load_config("micro"), tmp_path, Inputs(), "micro", [], verb=lambda argv: 3)
+    assert not (tmp_path / STAGES_DIR).exists()
+
+
+def test_loop_runs_every_stage_resumes_and_reports(tmp_path, capsys):
+    config = load_config("micro", OVERRIDES)
+    run = tmp_path / "run"
+    calls = []
+
+    def verb(argv):
+        calls.append(argv[0])
+        return main(argv)
+
+    # "killed" after the first three stages: their markers stay, nothing else ran
+    run_loop(config, run, Inputs(), "micro", OVERRIDES, verb=verb, stop_after="eval_base")
+    assert calls == ["collect", "sft", "eval"]
+    assert sorted(p.stem for p in (run / STAGES_DIR).glob("*.json")) == ["demos", "eval_base", "policy_base"]
+
+    calls.clear()
+    report = run_loop(config, run, Inputs(), "micro", OVERRIDES, verb=verb)
+    assert "demos already complete" in capsys.readouterr().out
+    assert calls[0] == "collect" and calls.count("sft") == 0  # resumed at the base-policy rollouts
+    stages = [s.name for s in plan(config, run, Inputs())[0]]
+    assert sorted(p.stem for p in (run / STAGES_DIR).glob("*.json")) == sorted(stages)
+    assert (run / "rl2" / "policy" / "model.safetensors").is_file()
+
+    results = json.loads((run / "results.json").read_text())
+    text = report.read_text()
+    assert set(results["overall"]) == {"base", "stage1", "stage2"}
+    for name, rate in results["overall"].items():
+        assert rate["episodes"] == 2  # 2 tasks x 1 episode
+    overall_row = next(line for line in text.splitlines() if line.startswith("| **overall**"))
+    cells = re.findall(r"([0-9.]+) ± ([0-9.]+) \(n=(\d+)\)", overall_row)
+    assert [(float(a), float(b), int(n)) for a, b, n in cells] == [
+        (round(r["success_once"], 3), round(r["stderr"], 3), r["episodes"]) for r in results["overall"].values()
+    ]
+    horizons = results["world_model"]["base"]
+    assert horizons and all("copy_last_frame_psnr" in m for m in horizons.values())
+    assert (run / "per_task.png").is_file() and (run / "learning_curves.png").is_file()
