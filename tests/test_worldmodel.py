@@ -8,7 +8,6 @@ from worldloop.worldmodel import vae as vae_lib
 from worldloop.worldmodel.clips import clip_spec
 from worldloop.worldmodel.configuration import VAEConfig, WorldModelConfig
 from worldloop.worldmodel.metrics import psnr, ssim
-from worldloop.worldmodel.modeling import ActionConditionedDiT
 from worldloop.worldmodel.rollout import WorldModel
 
 SIZE = 32

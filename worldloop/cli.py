@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(verb, help=module.HELP, description=module.HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("--preset", default=DEFAULT_PRESET, help=f"preset name or YAML path (default: {DEFAULT_PRESET})")
         module.add_arguments(p)
-        p.usage = f"%(prog)s [options] [key=value ...]"
+        p.usage = "%(prog)s [options] [key=value ...]"
         p.epilog = "key=value: dotted config overrides anywhere on the line, e.g. sim.image_size=128 (see `worldloop config`)"
         p.set_defaults(_module=module)
     return parser

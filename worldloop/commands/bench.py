@@ -12,7 +12,12 @@ import importlib
 
 from worldloop.config import Config
 
-HELP = "Measure speed: `sim` = real-simulator steps/s with rendered frames at several sizes and worker counts."
+HELP = """Measure speed and print a table:
+  sim     real-simulator steps/s with rendered frames at several sizes and worker counts
+  data    dataset write and read (cold decode vs decoded cache) speed
+  policy  compact-VLA act() and SFT step throughput
+  wm      world-model step (5 DiT steps + decode of the new frames): frames/s and FLOP utilisation
+  reward  judge throughput: classifier and TOPReward windows/s"""
 
 TARGETS: dict[str, str] = {
     "sim": "worldloop.sims.bench:bench_sim",

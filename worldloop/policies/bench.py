@@ -7,8 +7,6 @@ a GPU. This is what sizes ``sft.steps`` and ``eval.num_envs`` for a time budget.
 
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.nn.functional as F
 
@@ -17,22 +15,9 @@ from worldloop.policies.sft import _autocast
 from worldloop.policies.tokenizer import ActionTokenizer
 from worldloop.utils.device import resolve_device
 from worldloop.utils.io import atomic_write_text
+from worldloop.utils.timing import seconds_per_call
 
 ACTION_DIM = 4
-
-
-def _timed(fn, device: torch.device, repeats: int) -> float:
-    """Seconds per call of ``fn`` (after two warm-up calls)."""
-    for _ in range(2):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return (time.perf_counter() - start) / repeats
 
 
 def bench_policy(args, config) -> int:
@@ -62,7 +47,7 @@ def bench_policy(args, config) -> int:
             with _autocast(device):
                 policy.act(images, batch_texts)
 
-        seconds = _timed(act, device, repeats)
+        seconds = seconds_per_call(act, device, repeats, warmup=2)
         lines.append(f"| act | {batch} | {seconds * 1e3:.1f} | {seconds * 1e3 / batch:.2f} ms |")
 
     policy.train()
@@ -79,7 +64,7 @@ def bench_policy(args, config) -> int:
         loss.backward()
         optimizer.step()
 
-    seconds = _timed(sft_step, device, repeats)
+    seconds = seconds_per_call(sft_step, device, repeats, warmup=2)
     lines.append(f"| sft step | {batch} | {seconds * 1e3:.1f} | {seconds * 1e3 / batch:.2f} ms |")
     lines += ["", f"sft.steps={config.sft.steps} would take ~{seconds * config.sft.steps:.0f} s of training"]
     text = "\n".join(lines) + "\n"

@@ -14,12 +14,12 @@ import argparse
 import dataclasses
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from worldloop.utils.device import resolve_device
-
+from worldloop.utils.timing import seconds_per_call
 
 HEADER = f"{'judge':<16}{'image':>6}{'batch':>6}{'tokens':>8}{'ms/call':>10}{'windows/s':>11}"
 
@@ -34,19 +34,6 @@ def _emit(rows: list[dict], row: dict) -> None:
     print(format_row(row), flush=True)
 
 
-def _time(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
-    """Seconds per call after one warm-up call."""
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return (time.perf_counter() - start) / repeats
-
-
 def bench_classifier(device: torch.device, image_size: int, input_size: int, batches: list[int], repeats: int) -> list[dict]:
     from worldloop.rewards.classifier import SuccessClassifier
 
@@ -54,7 +41,7 @@ def bench_classifier(device: torch.device, image_size: int, input_size: int, bat
     rows = []
     for batch in batches:
         windows = torch.randint(0, 256, (batch, 1, image_size, image_size, 3), dtype=torch.uint8, device=device)
-        seconds = _time(lambda: judge.score(windows, ["task"] * batch), device, repeats)
+        seconds = seconds_per_call(lambda: judge.score(windows, ["task"] * batch), device, repeats)
         _emit(rows, {"judge": "classifier", "image_size": image_size, "batch": batch, "ms": 1e3 * seconds, "windows_per_s": batch / seconds})
     return rows
 
@@ -79,7 +66,7 @@ def bench_topreward(device: torch.device, size: str, image_sizes: list[int], bat
             row = {"judge": f"topreward-{size}", "params_billion": params / 1e9, "image_size": image_size, "batch": batch}
             row["tokens_per_window"] = int(judge.inputs(windows[:1], [instruction])["input_ids"].shape[1])
             try:
-                seconds = _time(lambda: judge.score(windows, [instruction] * batch), device, repeats)
+                seconds = seconds_per_call(lambda: judge.score(windows, [instruction] * batch), device, repeats)
             except torch.OutOfMemoryError:
                 _emit(rows, {**row, "error": "out of memory"})
                 if device.type == "cuda":

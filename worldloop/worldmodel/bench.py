@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import time
 from pathlib import Path
 
 import torch
 
 from worldloop.config import Config
+from worldloop.utils.timing import seconds_per_call
 
 RESOLUTION = {"tiny": 64, "small": 128, "wan2.2-5b": 256}
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
@@ -29,21 +29,6 @@ def peak_flops(device: torch.device) -> float | None:
         return None
     name = torch.cuda.get_device_name(device)
     return next((v for k, v in PEAK_BF16.items() if k in name), None)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed(fn, device: torch.device, repeats: int) -> float:
-    fn()  # warm-up
-    _sync(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    _sync(device)
-    return (time.perf_counter() - start) / repeats
 
 
 def build_model(size: str, config: Config, device: torch.device):
@@ -67,11 +52,11 @@ def measure(model, size: str, batch: int, device: torch.device, repeats: int = 3
     first = torch.randint(0, 256, (batch, image, image, 3), dtype=torch.uint8, device=device)
     actions = torch.randn(batch, model.chunk_size, 4, device=device)
     model.reset(first)
-    step_s = _timed(lambda: model.step(actions), device, repeats)
+    step_s = seconds_per_call(lambda: model.step(actions), device, repeats)
     context = model.context
     noise = torch.randn(context.shape[0], context.shape[1], 2, *context.shape[3:], device=device)
     all_actions = torch.randn(batch, 13, 4, device=device)
-    dit_s = _timed(lambda: sample_future(model.dit, context, all_actions, noise, model.sigmas), device, repeats)
+    dit_s = seconds_per_call(lambda: sample_future(model.dit, context, all_actions, noise, model.sigmas), device, repeats)
     new = noise
 
     model.decoder.reset()
@@ -88,8 +73,8 @@ def measure(model, size: str, batch: int, device: torch.device, repeats: int = 3
         with autocast(device):
             vae_lib.decode(model.vae, torch.cat([context, new], dim=2))
 
-    cached_s = _timed(decode_new, device, repeats)
-    full_s = _timed(decode_full, device, repeats)
+    cached_s = seconds_per_call(decode_new, device, repeats)
+    full_s = seconds_per_call(decode_full, device, repeats)
     tokens = 4 * (context.shape[3] // 2) * (context.shape[4] // 2)
     flops = model.sampling_steps * dit_flops_per_forward(size, batch, tokens)
     peak = peak_flops(device)

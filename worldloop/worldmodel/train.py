@@ -30,7 +30,7 @@ from worldloop.worldmodel import vae as vae_lib
 from worldloop.worldmodel.clips import episode_clips
 from worldloop.worldmodel.configuration import VAEConfig, WorldModelConfig
 from worldloop.worldmodel.metrics import psnr, ssim
-from worldloop.worldmodel.rollout import WorldModel, autocast, sample_future, sampler_sigmas, shift_sigmas
+from worldloop.worldmodel.rollout import WorldModel, autocast, sample_future, shift_sigmas
 
 
 class EpisodeLike(Protocol):
