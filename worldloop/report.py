@@ -131,13 +131,13 @@ def write_plots(run: Path, results: dict[str, Any]) -> list[str]:
 
 
 def _save(fig, path: Path, run: Path) -> str:
+    import matplotlib.pyplot as plt
+
     from worldloop.utils.io import atomic_path
 
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
-    import matplotlib.pyplot as plt
-
     plt.close(fig)
     return str(path.relative_to(run))
 
