@@ -28,10 +28,7 @@ if ! "$PY" -c "import worldloop, metaworld" 2>/dev/null; then
   # shellcheck disable=SC1091
   source scripts/gpu/setup.sh
 fi
-export MUJOCO_GL=egl PYOPENGL_PLATFORM=egl PYTHONUNBUFFERED=1
-NVIDIA_EGL=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-if [ -z "${__EGL_VENDOR_LIBRARY_FILENAMES:-}" ] && [ -f "$NVIDIA_EGL" ]; then export __EGL_VENDOR_LIBRARY_FILENAMES=$NVIDIA_EGL; fi
-WL=("$PY" -m worldloop)
+source scripts/gpu/common.sh
 WORKERS=$(nproc); [ "$WORKERS" -gt 16 ] && WORKERS=16
 PRESET=(--preset "${PRESET:-metaworld-gpu}")
 EXTRA=(${EXTRA:-})  # extra key=value overrides for every verb (e.g. a CPU dry run: EXTRA="device=cpu sft.batch_size=8")

@@ -24,11 +24,7 @@ TASKS=${5:-button-press-topdown-v3,drawer-open-v3}
 MINUTES=${6:-6}
 OUT=${OUT:-runs/gpu-rl}
 mkdir -p "$OUT"
-export MUJOCO_GL=egl PYOPENGL_PLATFORM=egl PYTHONUNBUFFERED=1
-NVIDIA_EGL=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-if [ -z "${__EGL_VENDOR_LIBRARY_FILENAMES:-}" ] && [ -f "$NVIDIA_EGL" ]; then export __EGL_VENDOR_LIBRARY_FILENAMES=$NVIDIA_EGL; fi
-PY=${PY:-python}
-if command -v worldloop >/dev/null; then WL=(worldloop); else WL=("$PY" -m worldloop); fi
+source scripts/gpu/common.sh
 PRESET=(--preset "${PRESET:-metaworld-gpu}")
 read -r -a EXTRA <<< "${OVERRIDES:-}"
 read -r -a RL_EXTRA <<< "${RL_OVERRIDES:-}"

@@ -6,13 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-runs/gpu-sims}
 mkdir -p "$OUT"
-export MUJOCO_GL=egl PYOPENGL_PLATFORM=egl
-NVIDIA_EGL=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-if [ -z "${__EGL_VENDOR_LIBRARY_FILENAMES:-}" ] && [ -f "$NVIDIA_EGL" ]; then
-  export __EGL_VENDOR_LIBRARY_FILENAMES=$NVIDIA_EGL
-fi
-PY=${PY:-python}
-if command -v worldloop >/dev/null; then WL=(worldloop); else WL=("$PY" -m worldloop); fi
+source scripts/gpu/common.sh
 WORKERS=$(nproc); [ "$WORKERS" -gt 16 ] && WORKERS=16
 
 # Which OpenGL renders: it must name the NVIDIA GPU, not llvmpipe (software).
