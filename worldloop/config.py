@@ -251,12 +251,11 @@ def convert(hint: Any, value: Any, where: str) -> Any:
     if origin in (Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        errors = []
         for option in (a for a in args if a is not type(None)):
             try:
                 return convert(option, value, where)
-            except ConfigError as error:
-                errors.append(str(error))
+            except ConfigError:
+                continue
         raise ConfigError(f"config key '{where}' = {value!r} matches none of {describe(hint)}")
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
