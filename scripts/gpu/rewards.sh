@@ -24,7 +24,7 @@ WL="python3 -m worldloop"
 PRESET=${PRESET:-metaworld-gpu}
 EXTRA=${EXTRA:-}                      # extra key=value overrides for every verb (e.g. for a CPU dry run)
 COLLECT_EPISODES=${COLLECT_EPISODES:-20}
-BENCH_SIZES=${BENCH_SIZES:-8b}        # Qwen3-VL sizes to benchmark (tiny, 8b)
+BENCH_SIZES=${BENCH_SIZES:-8b}        # Qwen3-VL sizes to benchmark (tiny, 8b); SKIP_BENCH=1 skips the benchmark
 DATASET=${1:-}
 LOG="$OUT/rewards.log"
 : > "$LOG"
@@ -58,7 +58,7 @@ step calibrate-topreward-tiny 60 $WL calibrate-reward --preset $PRESET --judge "
 
 # Throughput at full Qwen3-VL-8B dimensions (8.77 B parameters, random weights, bf16), 16-frame windows.
 # The classifier's rows come with it (batches 8/32/64/256).
-step bench 180 python3 -m worldloop.rewards.bench --preset $PRESET $EXTRA --out "$OUT/bench" --sizes $BENCH_SIZES --image-size 128 256 --batches 8 32 64
+[ "${SKIP_BENCH:-0}" = 1 ] || step bench 180 python3 -m worldloop.rewards.bench --preset $PRESET $EXTRA --out "$OUT/bench" --sizes $BENCH_SIZES --image-size 128 256 --batches 8 32 64
 
 python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
 import json, sys

@@ -3,7 +3,8 @@
 # eval-wm on held-out trajectories (vs copy-last-frame), and bench wm (tiny, small, wan2.2-5b dims).
 # Usage: OUT=/path/out scripts/gpu/worldmodel.sh DATASET_DIR
 #   DATASET_DIR: a Meta-World dataset written by `worldloop collect` (64x64 or 128x128).
-# Env knobs: VAE_SECONDS (150), WM_SECONDS (240), SKIP_BENCH=1, PY (python with worldloop importable).
+# Env knobs: VAE_SECONDS (150), WM_SECONDS (240), SKIP_BENCH=1, PRESET (metaworld-gpu), EXTRA (overrides),
+# PY (python with worldloop importable).
 # Run from the repository root after `source scripts/gpu/setup.sh .whl .whl2` (diffusers + av importable).
 # Wall time: ~4 min VAE, ~5.5 min WM (clip encoding + 240 s), ~1 min eval, up to 7 min bench.
 set -euo pipefail
@@ -18,7 +19,8 @@ IMG=$($PY -c "from worldloop.data.dataset import TrajectoryDataset as T; print(T
 echo "dataset $DATA at ${IMG}x${IMG}" | tee "$OUT/log.txt"
 # 8x spatial VAE at 128 (16x16 latents), 4x at 64 (16x16 latents): 256 DiT tokens either way.
 if [ "$IMG" -ge 128 ]; then DOWN=3; else DOWN=2; fi
-COMMON=(--preset metaworld-gpu device=cuda)
+read -r -a EXTRA <<< "${EXTRA:-device=cuda}"  # extra key=value overrides (a CPU dry run: EXTRA="device=cpu ...")
+COMMON=(--preset "${PRESET:-metaworld-gpu}" "${EXTRA[@]}")
 
 # 1. VAE (bounded by time; steps is an upper bound)
 timeout $((VAE_SECONDS + 240)) $PY -m worldloop train-vae --dataset "$DATA" --out "$OUT/vae" "${COMMON[@]}" \

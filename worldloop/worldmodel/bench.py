@@ -37,9 +37,10 @@ def build_model(size: str, config: Config, device: torch.device):
     from worldloop.worldmodel.rollout import WorldModel
 
     torch.manual_seed(0)
-    vae = vae_lib.build_vae(VAEConfig(size=size))
-    wm_config = dataclasses.replace(config.world_model, size=size)
-    return WorldModel.build(wm_config, vae, RESOLUTION[size], 4, device=device).for_inference()
+    with torch.device(device):  # initialise on the GPU: 5B random parameters take minutes on the CPU
+        vae = vae_lib.build_vae(VAEConfig(size=size))
+        wm_config = dataclasses.replace(config.world_model, size=size)
+        return WorldModel.build(wm_config, vae, RESOLUTION[size], 4, device=device).for_inference()
 
 
 @torch.no_grad()
