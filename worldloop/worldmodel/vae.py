@@ -27,6 +27,7 @@ def vae_architecture(size: str, spatial_downsamples: int = 3) -> dict:
         z_dim = 48
         return dict(
             base_dim=160, decoder_base_dim=256, z_dim=z_dim, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
+            in_channels=12, out_channels=12,  # 2x2 patchified RGB, as in the Wan2.2 VAE
             temperal_downsample=[False, True, True], is_residual=True, patch_size=2,
             scale_factor_spatial=16, scale_factor_temporal=4,
             latents_mean=[0.0] * z_dim, latents_std=[1.0] * z_dim,
