@@ -152,6 +152,19 @@ def test_ablation_switches_keep_shapes():
         assert moved == (not config.reference_frame)  # only the no-reference ablation slides slot 0
 
 
+def test_wan22_5b_dimensions_build_and_run_on_the_meta_device():
+    """The throughput preset (`bench wm`): shapes only, no memory (5B DiT + Wan2.2 VAE on 'meta')."""
+    from worldloop.worldmodel.modeling import ActionConditionedDiT
+
+    with torch.device("meta"):
+        vae = vae_lib.build_vae(VAEConfig(size="wan2.2-5b"))
+        latents = vae.encode(torch.empty(1, 3, 5, 32, 32)).latent_dist.mode()  # 2x2-patchified RGB in
+        assert latents.shape == (1, 48, 2, 2, 2)
+        assert vae.decode(latents).sample.shape == (1, 3, 5, 32, 32)
+        dit = ActionConditionedDiT("wan2.2-5b", 48, 4, 8)
+    assert 4.9e9 < sum(p.numel() for p in dit.parameters()) < 5.1e9
+
+
 def test_psnr_ssim():
     a = frames(2, 3, seed=5)
     assert torch.all(psnr(a, a) > 90) and torch.allclose(ssim(a, a), torch.ones(2, 3))

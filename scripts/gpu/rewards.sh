@@ -48,7 +48,8 @@ if [ -z "$DATASET" ] || [ "$hold" = "0" ]; then
   step collect 120 $WL collect --preset $PRESET --out "$DATASET" --episodes-per-task "$COLLECT_EPISODES" --no-progress sim.success_hold_steps=10 $EXTRA
 fi
 
-step train-reward 150 $WL train-reward --preset $PRESET --dataset "$DATASET" --out "$OUT/rw" $EXTRA
+# 400 s: decoding ~55k frames took ~2 minutes on the H200 host while other jobs read the same dataset.
+step train-reward 400 $WL train-reward --preset $PRESET --dataset "$DATASET" --out "$OUT/rw" $EXTRA
 step calibrate-classifier 60 $WL calibrate-reward --preset $PRESET --judge "$OUT/rw" --dataset "$DATASET" --out "$OUT/calibrate-classifier" --split held_out $EXTRA
 
 # The TOPReward path end to end on this host's transformers, with a tiny random Qwen3-VL folder

@@ -90,6 +90,9 @@ print(work / f"sft-{n}", ",".join(ranked[:2]))
 PYEOF
 )
 if [ -z "$choice" ]; then mark "no base policy: stopping"; wait; exit 1; fi
+if [ ! -f "$OUT/rewards/rw/model/config.json" ] || [ ! -f "$OUT/wm/wm/config.json" ]; then
+  mark "no judge or no world model (see rewards.log, wm.log): skipping RL"; wait; exit 1
+fi
 read -r POLICY TASKS <<< "$choice"
 MINUTES=$(( (DEADLINE_MIN * 60 - SECONDS) / 60 - 4 )); [ "$MINUTES" -lt 3 ] && MINUTES=3
 mark "rl: base $POLICY on $TASKS for $MINUTES min"
