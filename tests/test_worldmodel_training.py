@@ -120,3 +120,30 @@ def test_evaluate_writes_metrics_and_strips(vae, tmp_path):
     assert row["episodes"] == 2 and row["copy_last_frame_psnr"] > 0 and metrics["lpips"].startswith("unavailable")
     assert (tmp_path / "eval" / "episode_00_strip.png").is_file() and (tmp_path / "eval" / "episode_00_real_vs_generated.mp4").is_file()
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["rollout_frames_per_second"] > 0
+
+
+def test_time_limited_budget_warms_up_decays_and_counts_resumed_seconds(monkeypatch):
+    from worldloop.worldmodel import train as train_lib
+
+    now = [1000.0]
+    monkeypatch.setattr(train_lib.time, "time", lambda: now[0])
+    steps_only = train_lib.TrainingBudget(steps=2000)
+    assert steps_only.lr_factor(0) == pytest.approx(1 / 100)  # warm-up: 5 % of 2000 steps
+    assert steps_only.lr_factor(99) == pytest.approx(1.0)
+    assert steps_only.lr_factor(1999) == pytest.approx(0.1)
+    assert not steps_only.out_of_time()
+
+    # 100 s of a 20000-step budget: the schedule follows the clock, not the far-away step count
+    timed = train_lib.TrainingBudget(steps=20000, time_limit_s=100.0)
+    assert timed.lr_factor(10) < 0.05
+    now[0] += 50.0
+    assert 0.5 < timed.lr_factor(10) < 0.6  # half-way through the cosine
+    assert not timed.out_of_time()
+    now[0] += 50.0
+    assert timed.lr_factor(10) == pytest.approx(0.1) and timed.out_of_time()
+
+    # a resumed run starts from the seconds its checkpoint recorded
+    resumed = train_lib.TrainingBudget(steps=20000, time_limit_s=100.0, seconds_done=80.0)
+    assert resumed.fraction(10) == pytest.approx(0.8)
+    now[0] += 20.0
+    assert resumed.out_of_time()

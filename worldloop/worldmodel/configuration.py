@@ -49,7 +49,8 @@ class VAEConfig:
     checkpoint_every: int = 200
     """Steps between atomic training checkpoints (resume continues from the newest)."""
     time_limit_s: float = 0.0
-    """Stop training after this many seconds of this run even before `steps` (0 = no limit)."""
+    """Training seconds (summed over resumed runs) after which training stops even before `steps`; the
+    learning-rate schedule then spans this time (0 = no limit: the schedule spans `steps`)."""
 
     def validate(self) -> None:
         if self.size not in SIZES:
@@ -116,7 +117,8 @@ class WorldModelConfig:
     checkpoint_every: int = 500
     """Steps between atomic training checkpoints (resume continues from the newest)."""
     time_limit_s: float = 0.0
-    """Stop training after this many seconds of this run even before `steps` (0 = no limit)."""
+    """Training seconds (summed over resumed runs) after which training stops even before `steps`; the
+    learning-rate schedule then spans this time (0 = no limit: the schedule spans `steps`)."""
     eval_horizons: list[int] = field(default_factory=lambda: [8, 32, 64, 128])
     """Open-loop horizons (frames) of `worldloop eval-wm`; a horizon longer than every held-out episode is skipped."""
     eval_episodes: int = 16

@@ -55,12 +55,33 @@ def _actions(episode: EpisodeLike) -> np.ndarray:
     return np.asarray(episode.actions, dtype=np.float32)
 
 
-def warmup_cosine(step: int, total: int) -> float:
-    warmup = max(1, total // 20)
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+class TrainingBudget:
+    """How far training is through its budget: ``steps`` optimizer steps, or ``time_limit_s`` seconds
+    of training (summed over resumed runs) when that is set, whichever runs out first. The learning
+    rate follows it, so a time-limited run still warms up and decays: a schedule over ``steps`` alone
+    left a 100-s H200 run of train-vae inside its warm-up (154 of 300 warm-up steps)."""
+
+    def __init__(self, steps: int, time_limit_s: float = 0.0, seconds_done: float = 0.0):
+        self.steps, self.time_limit_s = steps, time_limit_s
+        self.seconds_done = seconds_done  # training seconds of earlier runs, from the checkpoint
+        self.started = time.time()
+
+    def seconds(self) -> float:
+        return self.seconds_done + time.time() - self.started
+
+    def fraction(self, step: int) -> float:
+        by_steps = step / max(1, self.steps)
+        return max(by_steps, self.seconds() / self.time_limit_s) if self.time_limit_s else by_steps
+
+    def out_of_time(self) -> bool:
+        return bool(self.time_limit_s) and self.seconds() >= self.time_limit_s
+
+    def lr_factor(self, step: int) -> float:
+        """Linear warm-up over the first 5 % of the budget, then cosine decay to 10 % at its end."""
+        fraction = self.fraction(step + 1)
+        if fraction < 0.05:
+            return fraction / 0.05
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, (fraction - 0.05) / 0.95)))
 
 
 def _progress(iterable: Iterable, **kwargs: Any):
@@ -155,16 +176,19 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
             raise ValueError(f"frames of {image_size}x{image_size} are not divisible by the VAE's {factor}x spatial compression")
         perceptual = VGGFeatures(config.perceptual_weights).to(device) if config.perceptual_weights and config.perceptual_weight > 0 else None
         optimizer = torch.optim.AdamW(vae.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.99))
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, config.steps))
+        budget = TrainingBudget(config.steps, config.time_limit_s)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, budget.lr_factor)
         generator = torch.Generator().manual_seed(seed)
+        stateful = {"optimizer": optimizer, "scheduler": scheduler, "generator": generator}
         step = 0
         checkpoint = latest_checkpoint(out)
         if checkpoint is not None:
-            step, _ = load_checkpoint(checkpoint, {"vae": vae}, {"optimizer": optimizer, "scheduler": scheduler, "generator": generator})
+            step, extra = load_checkpoint(checkpoint, {"vae": vae}, stateful)
+            budget.seconds_done = extra.get("seconds", 0.0)
         writer = SummaryWriter(str(out / "tb"))
         losses = []
         vae.train()
-        started, done = time.time(), step
+        budget.started, done = time.time(), step
         bar = _progress(range(step, config.steps), initial=step, total=config.steps, desc="train-vae")
         for step in bar:
             frames = _random_clips(train_episodes, config.batch_size, config.clip_frames, generator).to(device)
@@ -194,11 +218,11 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
                 writer.add_scalar("vae/kl", float(kl.detach()), step + 1)
                 bar.set_postfix(loss=f"{losses[-1]:.4f}")
             if (step + 1) % config.checkpoint_every == 0 and step + 1 < config.steps:
-                save_checkpoint(out, step + 1, {"vae": vae}, {"optimizer": optimizer, "scheduler": scheduler, "generator": generator})
-            if config.time_limit_s and time.time() - started > config.time_limit_s:
+                save_checkpoint(out, step + 1, {"vae": vae}, stateful, extra={"seconds": budget.seconds()})
+            if budget.out_of_time():
                 break
         steps_done = done
-        save_checkpoint(out, steps_done, {"vae": vae}, {"optimizer": optimizer, "scheduler": scheduler, "generator": generator})
+        save_checkpoint(out, steps_done, {"vae": vae}, stateful, extra={"seconds": budget.seconds()})
         writer.close()
         vae.eval()
         mean, std = latent_statistics(vae, train_episodes, device)
@@ -311,7 +335,8 @@ def train_world_model(
         dit.transformer.enable_gradient_checkpointing()
     ema = copy.deepcopy(dit).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(dit.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.99))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, config.steps))
+    budget = TrainingBudget(config.steps, config.time_limit_s)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, budget.lr_factor)
     generator = torch.Generator(device=device).manual_seed(seed)
     modules, stateful = {"dit": dit, "ema": ema}, {"optimizer": optimizer, "scheduler": scheduler, "generator": generator}
     shape = dict(image_size=image_size, action_dim=action_dim, latent_shape=list(latents_all.shape[1:]), size=config.size)
@@ -322,13 +347,15 @@ def train_world_model(
         saved = torch.load(checkpoint / "state.pt", map_location="cpu", weights_only=False)["extra"]
         if saved.get("shape") != shape:
             raise ValueError(f"checkpoint {checkpoint} was trained for {saved.get('shape')}, but this run has {shape} (another resolution, action size or preset?)")
-        step, _ = load_checkpoint(checkpoint, modules, stateful)
+        step, extra = load_checkpoint(checkpoint, modules, stateful)
+        budget.seconds_done = extra.get("seconds", 0.0)
 
     writer = SummaryWriter(str(out / "tb"))
     num_clips = len(latents_all)
     mean_t = torch.as_tensor(action_mean, dtype=torch.float32, device=device)
     std_t = torch.as_tensor(action_std, dtype=torch.float32, device=device)
-    loss_value, started, done = float("nan"), time.time(), step
+    loss_value, done = float("nan"), step
+    started = budget.started = time.time()
     bar = _progress(range(step, config.steps), initial=step, total=config.steps, desc="train-wm")
     for step in bar:
         index = torch.randint(num_clips, (config.batch_size,), generator=generator, device=device)
@@ -371,12 +398,12 @@ def train_world_model(
         if done % config.sample_every == 0 or done == config.steps:
             _log_samples(writer, ema, vae, latents_all[:4], (actions_all[:4] - mean_t) / std_t, model.sigmas, done)
         if done % config.checkpoint_every == 0 and done < config.steps:
-            save_checkpoint(out, done, modules, stateful, extra={"shape": shape})
-        if config.time_limit_s and time.time() - started > config.time_limit_s:
+            save_checkpoint(out, done, modules, stateful, extra={"shape": shape, "seconds": budget.seconds()})
+        if budget.out_of_time():
             _log_samples(writer, ema, vae, latents_all[:4], (actions_all[:4] - mean_t) / std_t, model.sigmas, done)
             break
     writer.close()
-    save_checkpoint(out, done, modules, stateful, extra={"shape": shape})
+    save_checkpoint(out, done, modules, stateful, extra={"shape": shape, "seconds": budget.seconds()})
     model.dit = ema
     model.save_pretrained(out, dit=ema)
     atomic_write_json(out / "results.json", {"steps": done, "final_loss": loss_value, "clips": num_clips,
