@@ -95,6 +95,18 @@ def test_decoded_frames_cache_is_used_and_invalidated(written):
     assert np.array_equal(TrajectoryDataset(root).frames(0), first)
 
 
+def test_warm_cache_decodes_every_episode_once_in_worker_processes(written, tmp_path):
+    root, _, _ = written
+    expected = [TrajectoryDataset(root, cache_dir=tmp_path / "reference").frames(i) for i in range(3)]
+    dataset = TrajectoryDataset(root, cache_dir=tmp_path / "warm")
+    dataset.warm_cache(workers=2)
+    cached = sorted((tmp_path / "warm").glob("*.npy"))
+    assert len(cached) == 3
+    for i, frames in enumerate(expected):
+        assert np.array_equal(np.load(cached[i]), frames)
+        assert np.array_equal(dataset.frames(i), frames)
+
+
 def test_reader_opens_a_lerobot_style_dataset(tmp_path):
     """Several episodes per data and video file (from_timestamp offsets), pandas-style tasks table,
     another camera name, a second camera, no state and no success labels."""

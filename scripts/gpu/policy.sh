@@ -68,7 +68,7 @@ if [ -n "$MS" ]; then
 fi
 echo "sft steps: 1 demo ${STEPS[1]}, 5 demos ${STEPS[5]}, 20 demos ${STEPS[20]} (sft step ${MS:-?} ms)" | tee -a "$LOG"
 declare -A SFT_LIMIT=([1]=150 [5]=180 [20]=240)
-for N in 1 5 20; do
+for N in ${DEMOS:-1 5 20}; do  # DEMOS: which SFT runs (demonstrations per task)
   step "sft-$N" "${SFT_LIMIT[$N]}" "${WL[@]}" sft "${PRESET[@]}" --dataset "$DATASET" --out "$WORK/sft-$N" --episodes-per-task "$N" \
     "sft.steps=${STEPS[$N]}" "${SIM[@]}" "${EXTRA[@]}"
   if [ -f "$WORK/sft-$N/model.safetensors" ]; then

@@ -19,7 +19,8 @@
 # $OUT/progress.txt says what finished when; every chain logs to $OUT/<chain>.log.
 # Knobs: DEADLINE_MIN (23: RL's training budget ends 4 min before it), WM_SECONDS (300) and VAE_SECONDS
 # (150) of training, PRESET, EXTRA (overrides for every verb, e.g. a CPU dry run), EPISODES (50 per task,
-# collection and evaluations), SIM_WORKERS (14).
+# collection and evaluations), SIM_WORKERS (14), BENCH=0 (skip the GPU benchmarks), DEMOS ("1 5 20":
+# the SFT runs of the policy chain).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the results folder}"
@@ -44,9 +45,13 @@ mark "session start on $(hostname), $(nproc) CPUs, $(nvidia-smi --query-gpu=name
   timeout 420 "${WL[@]}" collect --preset "$PRESET" --out "$DATA" --episodes-per-task "$EPISODES" --no-progress \
     sim.num_workers=$SIM_WORKERS "${EXTRA_ARGS[@]}" >"$OUT/collect.log" 2>&1
   mark "collect: exit $?"
+  # Decode the videos once, in parallel, before three chains read the dataset at the same time.
+  timeout 300 "$PY" -c "import sys; from worldloop.data.dataset import TrajectoryDataset as T; T(sys.argv[1]).warm_cache(int(sys.argv[2]))" \
+    "$DATA" "$SIM_WORKERS" >>"$OUT/collect.log" 2>&1
+  mark "frame cache: exit $?"
 ) &
 sim_chain=$!
-(
+[ "${BENCH:-1}" = 1 ] && (
   timeout 300 "${WL[@]}" bench wm --preset "$PRESET" --out "$OUT/bench/bench_wm.txt" "${EXTRA_ARGS[@]}" >"$OUT/bench_wm.log" 2>&1
   mark "bench wm: exit $?"
   timeout 240 "$PY" -m worldloop.rewards.bench --preset "$PRESET" "${EXTRA_ARGS[@]}" --out "$OUT/bench" --sizes "${BENCH_SIZES:-8b}" \
@@ -54,7 +59,7 @@ sim_chain=$!
   mark "bench reward: exit $?"
 ) &
 bench_chain=$!
-wait "$sim_chain" "$bench_chain"
+wait "$sim_chain"; wait "$bench_chain"
 if [ ! -f "$DATA/meta/info.json" ]; then mark "no dataset: stopping"; exit 1; fi
 
 # ---------------------------------------------------------------------------- phase 2

@@ -186,6 +186,23 @@ class TrajectoryDataset:
                 return np.load(cached, mmap_mode="r")
         return frames
 
+    def warm_cache(self, workers: int = 1) -> None:
+        """Decode every episode into the frame cache now, in ``workers`` processes, so that several
+        jobs reading this dataset at once (SFT, world model, judge) do not each decode it."""
+        if self.cache_dir is None:
+            raise ValueError(f"{self.root}: no writable frame cache, nothing to warm")
+        if workers <= 1:
+            for i in range(self.num_episodes):
+                self.frames(i)
+            return
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        shares = [list(range(self.num_episodes))[w::workers] for w in range(workers)]
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            for done in pool.map(_decode_into_cache, [(self.root, self.camera_key, self.cache_dir, share) for share in shares if share]):
+                pass  # results are the cache files; map re-raises a worker's error here
+
     # ----------------------------------------------------------------------------------------
     # Internals
 
@@ -288,6 +305,13 @@ class TrajectoryDataset:
             except OSError:
                 continue
         return None  # no writable cache: decode every time
+
+
+def _decode_into_cache(job: tuple[Path, str, Path, list[int]]) -> None:
+    root, camera_key, cache_dir, indices = job
+    dataset = TrajectoryDataset(root, camera_key=camera_key, cache_dir=cache_dir)
+    for i in indices:
+        dataset.frames(i)
 
 
 def split_episodes(ds: TrajectoryDataset, held_out_fraction: float = 0.1, seed: int = 0) -> tuple[list[int], list[int]]:
