@@ -135,6 +135,56 @@ def test_calibrate_classifier_writes_metrics_and_histogram(trained, tmp_path):
     assert (tmp_path / "histogram.png").read_bytes()[:4] == b"\x89PNG"
 
 
+class ReplayWorldModel:
+    """A stand-in world model over known episodes: ``oracle`` imagines the real next frames, otherwise
+    it imagines the first frame forever (a model that never moves: the success cue never shows)."""
+
+    chunk_size = 4
+    device = torch.device("cpu")
+
+    def __init__(self, episodes, oracle: bool):
+        self.episodes, self.oracle = episodes, oracle
+
+    def reset(self, first_frames, seeds=None):
+        self.t = 0
+
+    def step(self, actions):
+        chunk = []
+        for episode in self.episodes[: len(actions)]:
+            frames = np.asarray(episode.frames)
+            index = np.minimum(np.arange(self.t + 1, self.t + 1 + self.chunk_size), len(frames) - 1) if self.oracle else np.zeros(self.chunk_size, int)
+            chunk.append(torch.as_tensor(frames[index]))
+        self.t += self.chunk_size
+        return torch.stack(chunk)
+
+
+def test_judging_world_model_frames_against_the_simulator(trained, tmp_path):
+    import dataclasses
+
+    from worldloop.data.dataset import Episode
+    from worldloop.rewards.calibrate import calibrate
+
+    judge = load_judge(trained[0], "cpu")
+    episodes = [Episode(e.frames, np.zeros((len(e.frames), 4), np.float32), None, e.success, e.instruction, e.task_index, e.index) for e in cue_episodes(8, seed=2, size=16)]
+    config = CalibrateConfig(stride=1, batch_size=4)  # replayed 4 episodes at a time
+    oracle = calibrate(judge, episodes, config, tmp_path / "oracle", "classifier", ReplayWorldModel(episodes, oracle=True))
+    agreement = oracle["world_model"]
+    assert agreement["window_verdict_agreement"] == 1.0 and agreement["imagined"]["auroc"] == pytest.approx(oracle["auroc"])
+    assert agreement["episodes"]["count"] == 8 and agreement["episodes"]["real_success_once"] == 0.5
+    assert (tmp_path / "oracle" / "histogram_imagined.png").is_file()
+
+    # a frozen world model never shows the cue: the judge misses the successes the simulator saw
+    frozen = calibrate(judge, episodes, config, tmp_path / "frozen", "classifier", ReplayWorldModel(episodes, oracle=False))["world_model"]
+    assert frozen["window_verdict_agreement"] < 1.0 and frozen["episodes"]["missed_success"] >= 3
+    assert frozen["episodes"]["agreement"] <= 0.625
+    # the imagined copies keep their labels and lengths; only frames 1.. are imagined
+    from worldloop.rewards.agreement import imagined_episodes
+
+    imagined = imagined_episodes(ReplayWorldModel(episodes, oracle=False), episodes[:2], batch=2)
+    assert all(np.array_equal(a.success, b.success) and len(a.frames) == len(b.frames) for a, b in zip(imagined, episodes))
+    assert np.array_equal(imagined[0].frames[5], episodes[0].frames[0]) and dataclasses.is_dataclass(imagined[0])
+
+
 def test_training_resumes_from_its_latest_checkpoint(tmp_path, capsys):
     from worldloop.rewards.train import train_classifier
 

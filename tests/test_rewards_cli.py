@@ -37,3 +37,27 @@ def test_train_then_calibrate_reward_cli(dataset, tmp_path, capsys):
     # A missing dataset is named in the error.
     assert main(["calibrate-reward", "--judge", str(rw), "--dataset", str(tmp_path / "nope"), "--out", str(cal)]) == 2
     assert "nope does not exist" in capsys.readouterr().err
+
+
+def test_calibrate_reward_judges_world_model_frames(dataset, tmp_path, capsys):
+    import torch
+
+    from worldloop.worldmodel import vae as vae_lib
+    from worldloop.worldmodel.configuration import VAEConfig, WorldModelConfig
+    from worldloop.worldmodel.rollout import WorldModel
+
+    small = ["reward.classifier.input_size=16", "reward.classifier.steps=2", "reward.classifier.batch_size=8", "reward.classifier.eval_every=2"]
+    rw = tmp_path / "rw"
+    assert main(["train-reward", "--dataset", str(dataset), "--out", str(rw), *small]) == 0
+    torch.manual_seed(0)
+    for size in (32, 64):  # a random tiny world model at the dataset's resolution, and one at another
+        WorldModel.build(WorldModelConfig(sampling_steps=1), vae_lib.build_vae(VAEConfig()), size, 4, device="cpu").save_pretrained(tmp_path / f"wm{size}")
+    cal = tmp_path / "cal"
+    assert main(["calibrate-reward", "--judge", str(rw), "--dataset", str(dataset), "--out", str(cal), "--world-model", str(tmp_path / "wm32"), *small]) == 0
+    result = read_json(cal / "metrics.json")["world_model"]
+    assert result["imagined"]["windows"] == read_json(cal / "metrics.json")["windows"] == 8 * 3
+    assert result["episodes"]["count"] == 8 and result["episodes"]["real_success_once"] == 0.5
+    assert 0.0 <= result["window_verdict_agreement"] <= 1.0 and (cal / "histogram_imagined.png").is_file()
+    assert "on imagined frames" in capsys.readouterr().out
+    assert main(["calibrate-reward", "--judge", str(rw), "--dataset", str(dataset), "--out", str(cal), "--world-model", str(tmp_path / "wm64")]) == 2
+    assert "renders 64px frames" in capsys.readouterr().err

@@ -9,7 +9,9 @@ from worldloop.config import Config
 HELP = (
     "Score labelled windows of real trajectories with a judge (a train-reward folder or topreward:PATH); "
     "writes AUROC, Value-Order Correlation, trigger rate, a suggested threshold to OUT/metrics.json "
-    "and the success/failure score histogram to OUT/histogram.png."
+    "and the success/failure score histogram to OUT/histogram.png. With --world-model, the same episodes "
+    "are replayed open loop in the world model and the judge's verdicts on the imagined frames are "
+    "compared with the simulator's labels (the agreement that RL in imagination relies on)."
 )
 
 
@@ -23,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="all",
         help="held_out: only the episodes train-reward held out (same seed and reward.classifier.held_out_fraction)",
     )
+    parser.add_argument("--world-model", default=None, help="a train-wm folder: also judge these episodes replayed in it")
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
@@ -43,13 +46,29 @@ def run(args: argparse.Namespace, config: Config) -> int:
         raise ValueError(f"calibrate-reward: no episodes to score in {args.dataset} (split {args.split})")
     keep = min(len(indices), config.reward.calibrate.max_episodes)
     indices = indices[np.unique(np.linspace(0, len(indices) - 1, keep).round().astype(int))]
-    judge = load_judge(args.judge, resolve_device(config.device), config.reward)
+    device = resolve_device(config.device)
+    world_model = None
+    if args.world_model:
+        from worldloop.worldmodel.rollout import WorldModel
+
+        world_model = WorldModel.from_pretrained(args.world_model, device).for_inference()
+        if world_model.image_size != dataset.image_size:
+            raise ValueError(f"--world-model renders {world_model.image_size}px frames, {args.dataset} holds {dataset.image_size}px")
+    judge = load_judge(args.judge, device, config.reward)
     save_config(config, args.out)
-    metrics = calibrate(judge, dataset.episodes([int(i) for i in indices]), config.reward.calibrate, args.out, args.judge)
+    metrics = calibrate(judge, dataset.episodes([int(i) for i in indices]), config.reward.calibrate, args.out, args.judge, world_model, config.seed)
     at = metrics["at_threshold"]
     print(
         f"calibrate-reward: {metrics['windows']} windows ({metrics['success_windows']} success) from {metrics['episodes']} episodes; "
         f"AUROC {metrics['auroc']}, VOC {metrics['value_order_correlation']['mean']}, trigger rate {at['trigger_rate']} "
         f"at threshold {at['threshold']}, suggested {metrics['suggested_threshold']}; {args.out}/metrics.json"
     )
+    if world_model is not None:
+        imagined, episodes = metrics["world_model"]["imagined"], metrics["world_model"]["episodes"]
+        print(
+            f"calibrate-reward: on imagined frames AUROC {imagined['auroc']}, window verdicts agree with the real ones "
+            f"{metrics['world_model']['window_verdict_agreement']:.3f}; episodes: success_once real {episodes['real_success_once']:.3f} "
+            f"vs judged in imagination {episodes['imagined_judged_success_once']:.3f}, agreement {episodes['agreement']:.3f}, "
+            f"{episodes['false_success']} false and {episodes['missed_success']} missed successes"
+        )
     return 0

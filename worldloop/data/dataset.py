@@ -200,8 +200,8 @@ class TrajectoryDataset:
 
         shares = [list(range(self.num_episodes))[w::workers] for w in range(workers)]
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            for done in pool.map(_decode_into_cache, [(self.root, self.camera_key, self.cache_dir, share) for share in shares if share]):
-                pass  # results are the cache files; map re-raises a worker's error here
+            # the results are the cache files; list() re-raises a worker's error here
+            list(pool.map(_decode_into_cache, [(self.root, self.camera_key, self.cache_dir, share) for share in shares if share]))
 
     # ----------------------------------------------------------------------------------------
     # Internals

@@ -9,7 +9,9 @@ all windows in batches. Reported in ``OUT/metrics.json``:
 - ``suggested_threshold``: the probabilities that maximise F1 and Youden's J on these windows;
 - ``value_order_correlation``: Spearman between score and time within successful episodes
   (TOPReward's VOC; a progress-aware judge rises along a successful trajectory);
-- ``OUT/histogram.png``: P(success) of success vs failure windows, with the threshold marked.
+- ``OUT/histogram.png``: P(success) of success vs failure windows, with the threshold marked;
+- with a world model (``--world-model``): the same episodes replayed in it and judged on the
+  imagined frames, against the simulator's labels (``world_model`` in metrics.json, agreement.py).
 """
 
 from __future__ import annotations
@@ -86,9 +88,14 @@ def plot_histogram(table: dict[str, np.ndarray], threshold: float, path: Path, t
     plt.close(figure)
 
 
-def calibrate(judge: Judge, episodes: Iterable[Any], config: CalibrateConfig, out: str | Path, judge_name: str) -> dict:
-    """Score, measure, plot; writes ``out/metrics.json`` and ``out/histogram.png``."""
+def calibrate(
+    judge: Judge, episodes: Iterable[Any], config: CalibrateConfig, out: str | Path, judge_name: str, world_model: Any = None, seed: int = 0
+) -> dict:
+    """Score, measure, plot; writes ``out/metrics.json`` and ``out/histogram.png``. With a
+    ``world_model``, the same episodes replayed in it are judged too (agreement.py): the result
+    goes under ``metrics["world_model"]``, the histogram to ``out/histogram_imagined.png``."""
     out = Path(out)
+    episodes = list(episodes)
     start = time.perf_counter()
     table = score_windows(judge, episodes, config)
     seconds = time.perf_counter() - start
@@ -96,6 +103,13 @@ def calibrate(judge: Judge, episodes: Iterable[Any], config: CalibrateConfig, ou
     metrics["windows_per_second"] = metrics["windows"] / seconds
     auc = "n/a" if metrics["auroc"] is None else f"{metrics['auroc']:.3f}"
     plot_histogram(table, judge.threshold, out / "histogram.png", f"{judge_name}  AUROC {auc}")
+    if world_model is not None:
+        from worldloop.rewards.agreement import judge_in_imagination
+
+        metrics["world_model"], imagined = judge_in_imagination(judge, world_model, episodes, config, table, seed)
+        auc = metrics["world_model"]["imagined"]["auroc"]
+        title = f"{judge_name} on imagined frames  AUROC {'n/a' if auc is None else f'{auc:.3f}'}"
+        plot_histogram(imagined, judge.threshold, out / "histogram_imagined.png", title)
     with atomic_path(out / "scores.npz") as tmp, open(tmp, "wb") as handle:
         np.savez_compressed(handle, **table)
     atomic_write_json(out / "metrics.json", metrics)

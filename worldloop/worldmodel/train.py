@@ -191,6 +191,8 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
         budget.started, done = time.time(), step
         bar = _progress(range(step, config.steps), initial=step, total=config.steps, desc="train-vae")
         for step in bar:
+            if budget.out_of_time():  # checked first: a resumed run whose time is spent takes no step
+                break
             frames = _random_clips(train_episodes, config.batch_size, config.clip_frames, generator).to(device)
             pixels = vae_lib.frames_to_pixels(frames)
             with autocast(device):
@@ -219,8 +221,6 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
                 bar.set_postfix(loss=f"{losses[-1]:.4f}")
             if (step + 1) % config.checkpoint_every == 0 and step + 1 < config.steps:
                 save_checkpoint(out, step + 1, {"vae": vae}, stateful, extra={"seconds": budget.seconds()})
-            if budget.out_of_time():
-                break
         steps_done = done
         save_checkpoint(out, steps_done, {"vae": vae}, stateful, extra={"seconds": budget.seconds()})
         writer.close()
@@ -358,6 +358,8 @@ def train_world_model(
     started = budget.started = time.time()
     bar = _progress(range(step, config.steps), initial=step, total=config.steps, desc="train-wm")
     for step in bar:
+        if budget.out_of_time():  # checked first: a resumed run whose time is spent takes no step
+            break
         index = torch.randint(num_clips, (config.batch_size,), generator=generator, device=device)
         x0 = latents_all[index]  # (B, C, 4, h, w)
         actions = (actions_all[index] - mean_t) / std_t  # (B, 13, A)
@@ -399,9 +401,8 @@ def train_world_model(
             _log_samples(writer, ema, vae, latents_all[:4], (actions_all[:4] - mean_t) / std_t, model.sigmas, done)
         if done % config.checkpoint_every == 0 and done < config.steps:
             save_checkpoint(out, done, modules, stateful, extra={"shape": shape, "seconds": budget.seconds()})
-        if budget.out_of_time():
-            _log_samples(writer, ema, vae, latents_all[:4], (actions_all[:4] - mean_t) / std_t, model.sigmas, done)
-            break
+    if done % config.sample_every and done < config.steps:  # stopped by the time limit: samples of the end state
+        _log_samples(writer, ema, vae, latents_all[:4], (actions_all[:4] - mean_t) / std_t, model.sigmas, done)
     writer.close()
     save_checkpoint(out, done, modules, stateful, extra={"shape": shape, "seconds": budget.seconds()})
     model.dit = ema
