@@ -15,7 +15,9 @@
 #   rewards (scripts/gpu/rewards.sh): train-reward, calibrate-reward, the TOPReward path check.
 # Phase 3 (the time left, >= 3 min): RL in imagination (scripts/gpu/rl.sh) from the SFT policy whose
 #   overall success is nearest 40% (1 or 5 demos), on the two tasks where it is most improvable,
-#   judged by the trained classifier, with real evaluations before, during and after.
+#   judged by the trained classifier, with real evaluations before, during and after; beside it,
+#   `calibrate-reward --world-model` judges imagined replays of held-out episodes against the
+#   simulator's labels.
 # $OUT/progress.txt says what finished when; every chain logs to $OUT/<chain>.log.
 # Knobs: DEADLINE_MIN (23: RL's training budget ends 4 min before it), WM_SECONDS (300) and VAE_SECONDS
 # (150) of training, PRESET, EXTRA (overrides for every verb, e.g. a CPU dry run), EPISODES (50 per task,
@@ -98,6 +100,10 @@ if [ -z "$choice" ]; then mark "no base policy: stopping"; wait; exit 1; fi
 if [ ! -f "$OUT/rewards/rw/model/config.json" ] || [ ! -f "$OUT/wm/wm/config.json" ]; then
   mark "no judge or no world model (see rewards.log, wm.log): skipping RL"; wait; exit 1
 fi
+# Beside RL: the judge on the world model's replays of held-out episodes, against the simulator's labels.
+(timeout 300 "${WL[@]}" calibrate-reward --preset "$PRESET" --judge "$OUT/rewards/rw" --dataset "$DATA" --split held_out \
+  --world-model "$OUT/wm/wm" --out "$OUT/rewards/judge-in-imagination" reward.calibrate.max_episodes=64 "${EXTRA_ARGS[@]}" \
+  >"$OUT/judge_in_imagination.log" 2>&1; mark "judge in imagination: exit $?") &
 read -r POLICY TASKS <<< "$choice"
 MINUTES=$(( (DEADLINE_MIN * 60 - SECONDS) / 60 - 4 )); [ "$MINUTES" -lt 3 ] && MINUTES=3
 mark "rl: base $POLICY on $TASKS for $MINUTES min"
