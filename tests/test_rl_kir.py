@@ -57,6 +57,14 @@ def test_kir_keyframes_from_successful_demonstrations(tmp_path):
         assert np.allclose(keyframes["memory_actions"][i], ep.actions[k - 4 : k])
     assert (out / "config.yaml").is_file()
 
+    # --failures: the dataset's failed episode 1 (gripper flip at 15) gives policy-failure keyframes
+    # every 8 frames and before the flip, 4 at most: events 8, 11, 16, 24, 32 -> 8, 11, 24, 32
+    both = tmp_path / "with_failures"
+    assert main(["kir", "--dataset", str(root), "--failures", "--out", str(both), "rl.kir_lead_frames=4", "rl.kir_failure_stride=8", "rl.kir_max_per_episode=4"]) == 0
+    failures = [(e["episode"], e["frame"], e["source"]) for e in load_keyframes(both)["entries"] if e["reason"] == "policy_failure"]
+    assert failures == [(1, 8, "dataset"), (1, 11, "dataset"), (1, 24, "dataset"), (1, 32, "dataset")]
+    assert np.array_equal(load_keyframes(both)["keyframe"][-1], TrajectoryDataset(root).episode(1).frames[32])
+
     states = initial_states_from_keyframes(out)
     assert len(states) == 3 and states.is_keyframe.all() and states.memory.shape == (3, 4, 32, 32, 3)
     assert states.instructions == ["open the drawer"] * 3

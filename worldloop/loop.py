@@ -82,7 +82,8 @@ def plan(config: Config, run: Path, inputs: Inputs) -> tuple[list[Stage], dict[s
     stages.append(Stage("eval_wm_base", ["eval-wm", "--world-model", p["wm_base"], "--dataset", p["rollouts_base"], "--out", str(run / "eval_wm_base")]))
     if inputs.judge is None and not lp.judge.startswith("topreward:"):
         stages.append(Stage("judge", ["train-reward", "--dataset", p["demos"], p["rollouts_base"], "--out", p["judge"]]))
-    stages.append(Stage("keyframes", ["kir", "--dataset", p["rollouts_base"], "--policy", p["policy_base"], "--out", p["keyframes"]]))
+    # the base policy's failure states come from its rollouts above (no second rollout)
+    stages.append(Stage("keyframes", ["kir", "--dataset", p["rollouts_base"], "--failures", "--out", p["keyframes"]]))
     rl_inputs = ["--judge", p["judge"], "--dataset", p["rollouts_base"], "--keyframes", p["keyframes"], "--no-progress"]
     stages.append(Stage("rl1", ["rl", "--policy", p["policy_base"], "--world-model", p["wm_base"], "--out", p["rl1"], *rl_inputs]))
     stages.append(Stage("eval_rl1", ["eval", "--policy", f"{p['rl1']}/policy", "--out", str(run / "eval_rl1"), *ev]))

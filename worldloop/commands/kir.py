@@ -10,7 +10,9 @@ HELP = """Extract keyframes for keyframe-initialised rollouts (KIR) into --out K
 
 From the successful episodes of --dataset: the moments before gripper changes and contacts (up to
 the first success). With --policy MODEL: also states of that policy's failed real-simulator
-rollouts (rl.kir_failure_episodes_per_task per task of sim.tasks, or of the dataset when unset). Each keyframe keeps its 4
+rollouts (rl.kir_failure_episodes_per_task per task of sim.tasks, or of the dataset when unset). With
+--failures: the failed episodes of --dataset itself, when it holds a policy's own rollouts (collect
+--policy), give those keyframes without new rollouts. Each keyframe keeps its 4
 preceding frames, the actions before it and its episode's first frame. Format: KF/index.json
 (entries: episode, frame, reason, source, instruction) + KF/keyframes.npz (see worldloop.rl.kir).
 Example: worldloop kir --dataset runs/demo/dataset --policy runs/demo/sft --out runs/demo/dataset/keyframes"""
@@ -19,16 +21,19 @@ Example: worldloop kir --dataset runs/demo/dataset --policy runs/demo/sft --out 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True, help="LeRobot v3.0 dataset folder")
     parser.add_argument("--policy", default=None, help="policy folder whose failed real rollouts give keyframes too")
+    parser.add_argument("--failures", action="store_true", help="--dataset holds a policy's rollouts: its failed episodes give keyframes too")
     parser.add_argument("--out", required=True, help="keyframe folder to write (by convention DATASET/keyframes)")
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
     from worldloop.data.dataset import TrajectoryDataset
-    from worldloop.rl.kir import dataset_keyframes, write_keyframes
+    from worldloop.rl.kir import dataset_failure_keyframes, dataset_keyframes, write_keyframes
 
     rl = config.rl
     dataset = TrajectoryDataset(args.dataset)
     items = list(dataset_keyframes(dataset, rl.kir_lead_frames, rl.kir_max_per_episode))
+    if args.failures:
+        items += dataset_failure_keyframes(dataset, rl.kir_lead_frames, rl.kir_failure_stride, rl.kir_max_per_episode)
     if args.policy:
         items += failed_rollout_items(args.policy, dataset, config)
     index = write_keyframes(args.out, items, args.dataset, dataset.image_size, dataset.action_dim)

@@ -6,7 +6,8 @@ Keyframes come from two sources:
   ``action[3]``, Meta-World's gripper command, flips) and before each contact (the first object's
   position, ``state[4:7]`` in Meta-World's observation, starts to move), up to the first success;
 - with a policy: its real rollouts that failed, one state every ``kir_failure_stride`` frames and
-  before each of its gripper changes (the states the policy reaches and does not get out of).
+  before each of its gripper changes (the states the policy reaches and does not get out of); the
+  rollouts are run here, or read from a dataset that already holds them (``kir --failures``).
 
 "The moment before" an event at frame t is frame t - ``kir_lead_frames``. Each keyframe keeps the 4
 frames before it (memory for the world model's context, the first frame repeated when the episode is
@@ -147,6 +148,18 @@ def dataset_keyframes(dataset: Any, lead: int, limit: int) -> Iterable[tuple[dic
         for k, reason in demonstration_keyframes(episode, lead, limit):
             entry = {"episode": int(episode.index), "frame": k, "reason": reason, "source": "dataset", "instruction": episode.instruction}
             yield entry, cut(np.asarray(episode.frames), episode.actions, k)
+
+
+def dataset_failure_keyframes(dataset: Any, lead: int, stride: int, limit: int) -> Iterable[tuple[dict[str, Any], dict[str, np.ndarray]]]:
+    """(entry, arrays) of the failed episodes of a dataset that holds a policy's own real rollouts
+    (``collect --policy``): the keyframes of :func:`policy_failure_keyframes`, without rolling out again."""
+    for episode in dataset.episodes():
+        if np.asarray(episode.success).any():
+            continue
+        actions = np.asarray(episode.actions)
+        for k, reason in failure_keyframes(actions, len(actions), lead, stride, limit):
+            entry = {"episode": int(episode.index), "frame": k, "reason": reason, "source": "dataset", "instruction": episode.instruction}
+            yield entry, cut(np.asarray(episode.frames), actions, k)
 
 
 def policy_failure_keyframes(
