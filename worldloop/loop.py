@@ -5,10 +5,11 @@
     -> world-model refinement (WM Evo) -> RL stage 2 -> real eval -> report
 
 Each stage is one CLI verb, run as its own process (a clean slate of memory, threads and GL state)
-with the loop's preset and overrides; it writes its own folder under RUN/. When a stage returns, a marker ``RUN/stages/<name>.json`` records it, so a rerun
-skips finished stages; a stage interrupted midway resumes through its own checkpoints. Any
-stage's product can be replaced by the user's own (``--dataset``, ``--base-policy``,
-``--world-model``, ``--judge``): the stages that would build it are then skipped.
+with the loop's preset and overrides; it writes its own folder under RUN/. When a stage returns, a
+marker ``RUN/stages/<name>.json`` records it, so a rerun skips finished stages; a stage
+interrupted midway resumes through its own checkpoints. Any stage's product can be replaced by the
+user's own (``--dataset``, ``--base-policy``, ``--world-model``, ``--judge``): the stages that
+would build it are then skipped.
 """
 
 from __future__ import annotations

@@ -27,13 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, config: Config) -> int:
     from worldloop.data.dataset import TrajectoryDataset
-    from worldloop.rl.kir import dataset_failure_keyframes, dataset_keyframes, write_keyframes
+    from worldloop.rl.kir import dataset_keyframes, write_keyframes
 
     rl = config.rl
     dataset = TrajectoryDataset(args.dataset)
-    items = list(dataset_keyframes(dataset, rl.kir_lead_frames, rl.kir_max_per_episode))
-    if args.failures:
-        items += dataset_failure_keyframes(dataset, rl.kir_lead_frames, rl.kir_failure_stride, rl.kir_max_per_episode)
+    failure_stride = rl.kir_failure_stride if args.failures else None
+    items = list(dataset_keyframes(dataset, rl.kir_lead_frames, rl.kir_max_per_episode, failure_stride))
     if args.policy:
         items += failed_rollout_items(args.policy, dataset, config)
     index = write_keyframes(args.out, items, args.dataset, dataset.image_size, dataset.action_dim)

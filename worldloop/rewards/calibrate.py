@@ -95,7 +95,8 @@ def calibrate(
     ``world_model``, the same episodes replayed in it are judged too (agreement.py): the result
     goes under ``metrics["world_model"]``, the histogram to ``out/histogram_imagined.png``."""
     out = Path(out)
-    episodes = list(episodes)
+    if world_model is not None:
+        episodes = list(episodes)  # judged twice: real, then replayed (otherwise streamed once)
     start = time.perf_counter()
     table = score_windows(judge, episodes, config)
     seconds = time.perf_counter() - start

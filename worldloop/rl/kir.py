@@ -142,22 +142,17 @@ def load_keyframes(folder: str | Path) -> dict[str, Any]:
     return index | arrays
 
 
-def dataset_keyframes(dataset: Any, lead: int, limit: int) -> Iterable[tuple[dict[str, Any], dict[str, np.ndarray]]]:
-    """(entry, arrays) of every keyframe of every successful episode of a TrajectoryDataset."""
+def dataset_keyframes(dataset: Any, lead: int, limit: int, failure_stride: int | None = None) -> Iterable[tuple[dict[str, Any], dict[str, np.ndarray]]]:
+    """(entry, arrays) of every keyframe of every successful episode of a TrajectoryDataset. With
+    ``failure_stride``, the dataset holds a policy's own real rollouts (``collect --policy``) and its
+    failed episodes give the keyframes of :func:`policy_failure_keyframes`, without rolling out again."""
     for episode in dataset.episodes():
-        for k, reason in demonstration_keyframes(episode, lead, limit):
-            entry = {"episode": int(episode.index), "frame": k, "reason": reason, "source": "dataset", "instruction": episode.instruction}
-            yield entry, cut(np.asarray(episode.frames), episode.actions, k)
-
-
-def dataset_failure_keyframes(dataset: Any, lead: int, stride: int, limit: int) -> Iterable[tuple[dict[str, Any], dict[str, np.ndarray]]]:
-    """(entry, arrays) of the failed episodes of a dataset that holds a policy's own real rollouts
-    (``collect --policy``): the keyframes of :func:`policy_failure_keyframes`, without rolling out again."""
-    for episode in dataset.episodes():
-        if np.asarray(episode.success).any():
-            continue
         actions = np.asarray(episode.actions)
-        for k, reason in failure_keyframes(actions, len(actions), lead, stride, limit):
+        if np.asarray(episode.success).any():
+            chosen = demonstration_keyframes(episode, lead, limit)
+        else:
+            chosen = failure_keyframes(actions, len(actions), lead, failure_stride, limit) if failure_stride else []
+        for k, reason in chosen:
             entry = {"episode": int(episode.index), "frame": k, "reason": reason, "source": "dataset", "instruction": episode.instruction}
             yield entry, cut(np.asarray(episode.frames), actions, k)
 

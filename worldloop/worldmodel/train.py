@@ -355,7 +355,7 @@ def train_world_model(
     mean_t = torch.as_tensor(action_mean, dtype=torch.float32, device=device)
     std_t = torch.as_tensor(action_std, dtype=torch.float32, device=device)
     loss_value, done = float("nan"), step
-    started = budget.started = time.time()
+    budget.started = time.time()
     bar = _progress(range(step, config.steps), initial=step, total=config.steps, desc="train-wm")
     for step in bar:
         if budget.out_of_time():  # checked first: a resumed run whose time is spent takes no step
@@ -408,7 +408,7 @@ def train_world_model(
     model.dit = ema
     model.save_pretrained(out, dit=ema)
     atomic_write_json(out / "results.json", {"steps": done, "final_loss": loss_value, "clips": num_clips,
-                                             "train_seconds_this_run": time.time() - started,
+                                             "train_seconds_this_run": time.time() - budget.started,
                                              "parameters_millions": sum(p.numel() for p in ema.parameters()) / 1e6})  # fmt: skip
     return model
 
