@@ -181,3 +181,6 @@ def test_config_validation():
         VAEConfig(clip_frames=4).validate()
     with pytest.raises(ValueError, match="chunk_size"):
         WorldModelConfig(chunk_size=6).validate()
+    for config in (VAEConfig(time_limit_s=-1), WorldModelConfig(time_limit_s=-1)):
+        with pytest.raises(ValueError, match="time_limit_s"):
+            config.validate()

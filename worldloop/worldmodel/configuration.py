@@ -66,6 +66,8 @@ class VAEConfig:
             raise ValueError("lr must be > 0 and kl_weight, perceptual_weight >= 0")
         if not 0.0 <= self.held_out_fraction < 1.0:
             raise ValueError(f"held_out_fraction must be in [0, 1), got {self.held_out_fraction}")
+        if self.time_limit_s < 0:
+            raise ValueError(f"time_limit_s must be >= 0 (0: no limit), got {self.time_limit_s}")
 
 
 @dataclass
@@ -148,6 +150,8 @@ class WorldModelConfig:
             raise ValueError("lr, shift and grad_clip must be > 0")
         if not 0.0 <= self.held_out_fraction < 1.0:
             raise ValueError(f"held_out_fraction must be in [0, 1), got {self.held_out_fraction}")
+        if self.time_limit_s < 0:
+            raise ValueError(f"time_limit_s must be >= 0 (0: no limit), got {self.time_limit_s}")
         if not self.eval_horizons or min(self.eval_horizons) < 1:
             raise ValueError(f"eval_horizons must be positive frame counts, got {self.eval_horizons}")
         if not self.bench_batch_sizes or min(self.bench_batch_sizes) < 1:
