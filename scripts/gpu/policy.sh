@@ -7,7 +7,7 @@
 # DATASET: an MT10 dataset at 128x128 from `worldloop collect --preset metaworld-gpu` with >= 25
 # episodes per task (scripts/gpu/data.sh makes one with 50). Without it, 30 episodes per task are
 # collected into $OUT/work/dataset first (~1 min).
-# Steps, each time-bounded, continuing on failure: [collect] -> eval expert -> for N in 1 5 20:
+# Steps, each time-bounded, continuing on failure: [collect] -> eval expert (EXPERT=0 skips it) -> for N in DEMOS (1 5 20):
 # sft (N demos per task, successful clean episodes first) -> eval. Rerunning resumes an
 # interrupted sft from its checkpoints.
 # Sizing: `worldloop bench policy` first measures the SFT step time of the ~97M CompactVLA (batch 128,
@@ -52,7 +52,7 @@ if [ -z "$DATASET" ] || [ ! -f "$DATASET/meta/info.json" ]; then
   step collect 300 "${WL[@]}" collect "${PRESET[@]}" --out "$DATASET" --episodes-per-task 30 --no-progress "${SIM[@]}" "${EXTRA[@]}"
 fi
 
-step eval-expert 150 "${WL[@]}" eval "${PRESET[@]}" --policy expert --out "$WORK/eval-expert" --episodes-per-task "$EPISODES" "${SIM[@]}" "${EXTRA[@]}"
+[ "${EXPERT:-1}" = 1 ] && step eval-expert 150 "${WL[@]}" eval "${PRESET[@]}" --policy expert --out "$WORK/eval-expert" --episodes-per-task "$EPISODES" "${SIM[@]}" "${EXTRA[@]}"
 
 # Size the three SFT runs from the measured step time: SFT_SECONDS of training in all, split 20/30/50 %
 # over 1/5/20 demos (defaults 400/600/1000 steps when the benchmark failed).

@@ -21,8 +21,11 @@
 # $OUT/progress.txt says what finished when; every chain logs to $OUT/<chain>.log.
 # Knobs: DEADLINE_MIN (23: RL's training budget ends 4 min before it), WM_SECONDS (300) and VAE_SECONDS
 # (150) of training, PRESET, EXTRA (overrides for every verb, e.g. a CPU dry run), EPISODES (50 per task,
-# collection and evaluations), SIM_WORKERS (14), BENCH=0 (skip the GPU benchmarks), DEMOS ("1 5 20":
-# the SFT runs of the policy chain).
+# collection and evaluations), RL_EPISODES (EPISODES: RL's real evaluations per task; the gain is judged
+# in standard errors, so more is better), RL_LR (1e-5), RL_EVAL_EVERY (10 iterations between RL's real
+# evaluations; the first and the last always run), SIM_WORKERS (14), BENCH=0 (skip `bench sim` and the
+# GPU benchmarks), EXPERT=0 (skip the expert's evaluation), DEMOS ("1 5 20": the SFT runs of the policy chain).
+# A 64x64 run for the world model and RL: EXTRA="sim.image_size=64 reward.classifier.input_size=64".
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the results folder}"
@@ -42,8 +45,10 @@ mark "session start on $(hostname), $(nproc) CPUs, $(nvidia-smi --query-gpu=name
 
 # ---------------------------------------------------------------------------- phase 1
 (
-  WORKERS=$SIM_WORKERS OUT="$OUT/sims" bash scripts/gpu/sims.sh >"$OUT/sims.log" 2>&1
-  mark "bench sim: exit $?"
+  if [ "${BENCH:-1}" = 1 ]; then
+    WORKERS=$SIM_WORKERS OUT="$OUT/sims" bash scripts/gpu/sims.sh >"$OUT/sims.log" 2>&1
+    mark "bench sim: exit $?"
+  fi
   timeout 420 "${WL[@]}" collect --preset "$PRESET" --out "$DATA" --episodes-per-task "$EPISODES" --no-progress \
     sim.num_workers=$SIM_WORKERS "${EXTRA_ARGS[@]}" >"$OUT/collect.log" 2>&1
   mark "collect: exit $?"
@@ -107,7 +112,7 @@ fi
 read -r POLICY TASKS <<< "$choice"
 MINUTES=$(( (DEADLINE_MIN * 60 - SECONDS) / 60 - 4 )); [ "$MINUTES" -lt 3 ] && MINUTES=3
 mark "rl: base $POLICY on $TASKS for $MINUTES min"
-OUT="$OUT/rl" OVERRIDES="$EXTRA" RL_OVERRIDES="rl.eval_every=10 rl.eval_episodes_per_task=$EPISODES" \
+OUT="$OUT/rl" OVERRIDES="$EXTRA" RL_OVERRIDES="rl.eval_every=${RL_EVAL_EVERY:-10} rl.eval_episodes_per_task=${RL_EPISODES:-$EPISODES} rl.lr=${RL_LR:-1e-5}" \
   bash scripts/gpu/rl.sh "$POLICY" "$OUT/wm/wm" "$OUT/rewards/rw" "$DATA" "$TASKS" "$MINUTES" >"$OUT/rl.log" 2>&1
 mark "rl: exit $?"
 wait
