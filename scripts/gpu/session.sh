@@ -22,7 +22,7 @@
 # Knobs: DEADLINE_MIN (23: RL's training budget ends 4 min before it), WM_SECONDS (300) and VAE_SECONDS
 # (150) of training, PRESET, EXTRA (overrides for every verb, e.g. a CPU dry run), EPISODES (50 per task,
 # collection and evaluations), RL_EPISODES (EPISODES: RL's real evaluations per task; the gain is judged
-# in standard errors, so more is better), RL_LR (1e-5), RL_EVAL_EVERY (10 iterations between RL's real
+# in standard errors, so more is better), RL_LR (rl.sh's 1e-5), RL_EVAL_EVERY (10 iterations between RL's real
 # evaluations; the first and the last always run), SIM_WORKERS (14), BENCH=0 (skip `bench sim` and the
 # GPU benchmarks), EXPERT=0 (skip the expert's evaluation), DEMOS ("1 5 20": the SFT runs of the policy chain).
 # A 64x64 run for the world model and RL: EXTRA="sim.image_size=64 reward.classifier.input_size=64".
@@ -38,6 +38,7 @@ EPISODES=${EPISODES:-50}
 SIM_WORKERS=${SIM_WORKERS:-14}
 DEADLINE_MIN=${DEADLINE_MIN:-23}
 export WM_SECONDS=${WM_SECONDS:-300} VAE_SECONDS=${VAE_SECONDS:-150}
+BENCH=${BENCH:-1}
 read -r -a EXTRA_ARGS <<< "$EXTRA"
 DATA="$OUT/dataset"
 mark() { echo "[$(date +%T) +$((SECONDS / 60))m$((SECONDS % 60))s] $*" | tee -a "$OUT/progress.txt"; }
@@ -45,7 +46,7 @@ mark "session start on $(hostname), $(nproc) CPUs, $(nvidia-smi --query-gpu=name
 
 # ---------------------------------------------------------------------------- phase 1
 (
-  if [ "${BENCH:-1}" = 1 ]; then
+  if [ "$BENCH" = 1 ]; then
     WORKERS=$SIM_WORKERS OUT="$OUT/sims" bash scripts/gpu/sims.sh >"$OUT/sims.log" 2>&1
     mark "bench sim: exit $?"
   fi
@@ -58,7 +59,7 @@ mark "session start on $(hostname), $(nproc) CPUs, $(nvidia-smi --query-gpu=name
   mark "frame cache: exit $?"
 ) &
 sim_chain=$!
-[ "${BENCH:-1}" = 1 ] && (
+[ "$BENCH" = 1 ] && (
   timeout 300 "${WL[@]}" bench wm --preset "$PRESET" --out "$OUT/bench/bench_wm.txt" "${EXTRA_ARGS[@]}" >"$OUT/bench_wm.log" 2>&1
   mark "bench wm: exit $?"
   timeout 240 "$PY" -m worldloop.rewards.bench --preset "$PRESET" "${EXTRA_ARGS[@]}" --out "$OUT/bench" --sizes "${BENCH_SIZES:-8b}" \
@@ -112,7 +113,7 @@ fi
 read -r POLICY TASKS <<< "$choice"
 MINUTES=$(( (DEADLINE_MIN * 60 - SECONDS) / 60 - 4 )); [ "$MINUTES" -lt 3 ] && MINUTES=3
 mark "rl: base $POLICY on $TASKS for $MINUTES min"
-OUT="$OUT/rl" OVERRIDES="$EXTRA" RL_OVERRIDES="rl.eval_every=${RL_EVAL_EVERY:-10} rl.eval_episodes_per_task=${RL_EPISODES:-$EPISODES} rl.lr=${RL_LR:-1e-5}" \
+OUT="$OUT/rl" OVERRIDES="$EXTRA" RL_OVERRIDES="rl.eval_every=${RL_EVAL_EVERY:-10} rl.eval_episodes_per_task=${RL_EPISODES:-$EPISODES}${RL_LR:+ rl.lr=$RL_LR}" \
   bash scripts/gpu/rl.sh "$POLICY" "$OUT/wm/wm" "$OUT/rewards/rw" "$DATA" "$TASKS" "$MINUTES" >"$OUT/rl.log" 2>&1
 mark "rl: exit $?"
 wait
