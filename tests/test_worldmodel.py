@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from worldloop.worldmodel import vae as vae_lib
-from worldloop.worldmodel.clips import clip_spec
+from worldloop.worldmodel.clips import clip_spec, episode_clips, predecessors
 from worldloop.worldmodel.configuration import VAEConfig, WorldModelConfig
 from worldloop.worldmodel.metrics import psnr, ssim
 from worldloop.worldmodel.rollout import WorldModel
@@ -78,6 +78,43 @@ def test_clip_spec_pairs_each_frame_with_the_action_that_produced_it():
     assert static.static and set(static.frame_indices.tolist()) == {3} and not static.actions.any()
     one = clip_spec(actions, t=6, chunk=8, memory_frames=1)
     assert one.frame_indices[:5].tolist() == [6] * 5 and not one.actions[:5].any()
+
+
+def test_predecessor_futures_are_the_memory_frames():
+    """Self-forcing replaces a clip's memory latent with the sample of its predecessor's last future
+    latent: the predecessor's last 4 frames must be exactly this clip's memory frames."""
+    actions = np.zeros((40, 2), np.float32)
+    specs = episode_clips(actions, chunk=8, memory_frames=4, stride=2, static_fraction=0.3, rng=np.random.default_rng(0))
+    previous = predecessors(specs, chunk=8)
+    assert any(s.static for s in specs) and all(previous[i] == -1 for i, s in enumerate(specs) if s.static)
+    linked = [(i, j) for i, j in enumerate(previous) if j >= 0]
+    assert len(linked) == sum(1 for s in specs if not s.static and s.frame_indices[4] >= 8)
+    for i, j in linked:
+        assert specs[j].frame_indices[-4:].tolist() == specs[i].frame_indices[1:5].tolist()
+    odd = predecessors(episode_clips(actions, chunk=8, memory_frames=4, stride=3, static_fraction=0.0, rng=np.random.default_rng(0)), chunk=8)
+    assert (odd >= 0).sum() == len([t for t in range(0, 32, 3) if t >= 8 and (t - 8) % 3 == 0])
+
+
+def test_memory_noise_changes_the_conditioning_reproducibly(model):
+    first, chunks = frames(2, seed=7), torch.randn(2, 2, 8, 3)
+
+    def rollout() -> tuple[torch.Tensor, torch.Tensor]:
+        model.reset(first, seeds=[3, 4])
+        reference = model.context[:, :, :1].clone()
+        video = torch.cat([model.step(chunks[0]), model.step(chunks[1])], dim=1)
+        assert torch.equal(model.context[:, :, :1], reference)
+        return video
+
+    clean = rollout()
+    model.set_sampling(model.sampling_steps, model.shift, model.decode_mode, memory_noise=0.5)
+    try:
+        noisy, again = rollout(), rollout()
+        with pytest.raises(ValueError, match="memory_noise"):
+            model.set_sampling(model.sampling_steps, model.shift, model.decode_mode, memory_noise=1.0)
+    finally:
+        model.set_sampling(model.sampling_steps, model.shift, model.decode_mode)
+    assert torch.equal(noisy, again)  # the memory noise comes from each env's own generator
+    assert (clean.int() - noisy.int()).abs().max() > 0
 
 
 def test_reference_slot_fixed_and_batched_equals_per_env(model):
@@ -181,6 +218,10 @@ def test_config_validation():
         VAEConfig(clip_frames=4).validate()
     with pytest.raises(ValueError, match="chunk_size"):
         WorldModelConfig(chunk_size=6).validate()
+    with pytest.raises(ValueError, match="self_forcing"):
+        WorldModelConfig(self_forcing=0.5, memory_frames=1).validate()
+    with pytest.raises(ValueError, match="self_forcing"):
+        WorldModelConfig(self_forcing=1.5).validate()
     for config in (VAEConfig(time_limit_s=-1), WorldModelConfig(time_limit_s=-1)):
         with pytest.raises(ValueError, match="time_limit_s"):
             config.validate()

@@ -98,6 +98,19 @@ def test_resume_is_exact_and_resolution_is_checked(vae, tmp_path):
         train_world_model(fast_config(steps=6), bigger, vae, tmp_path / "b", CPU)
 
 
+def test_self_forcing_trains_on_the_models_own_memory(vae, tmp_path):
+    """Self-forcing starts at self_forcing_after of the budget and only touches clips that have a
+    predecessor one chunk earlier; ready-made clips without that link are refused by name."""
+    episodes = square_episodes(3, seed=4, length=32)
+    train_world_model(fast_config(steps=8, clip_stride=2, self_forcing=1.0, self_forcing_after=0.5), episodes, vae, tmp_path / "sf", CPU)
+    forced = json.loads((tmp_path / "sf" / "results.json").read_text())["self_forced_clips_this_run"]
+    assert 0 < forced <= 4 * 4  # 4 steps of 4 clips after half the budget, clips without a predecessor kept real
+    train_world_model(fast_config(steps=8, clip_stride=2, self_forcing=1.0, self_forcing_after=1.0), episodes, vae, tmp_path / "late", CPU)
+    assert json.loads((tmp_path / "late" / "results.json").read_text())["self_forced_clips_this_run"] == 0
+    with pytest.raises(ValueError, match="previous"):
+        train_world_model(fast_config(self_forcing=0.5), [], vae, tmp_path / "bump", CPU, clips=bump_clips(8, torch.Generator().manual_seed(0))[0])
+
+
 def test_train_vae_writes_a_loadable_folder_and_metrics(tmp_path):
     episodes = square_episodes(3, seed=2, length=12)
     metrics = train_vae(VAEConfig(steps=2, batch_size=2, log_every=1), episodes[:2], episodes[2:], tmp_path / "vae", CPU)

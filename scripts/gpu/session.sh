@@ -13,9 +13,9 @@
 #   policy (scripts/gpu/policy.sh): expert eval, SFT with 1/5/20 demos per task, 50-episode evals;
 #   world model (scripts/gpu/worldmodel.sh): train-vae, train-wm (small), eval-wm vs copy-last-frame;
 #   rewards (scripts/gpu/rewards.sh): train-reward, calibrate-reward, the TOPReward path check.
-# Phase 3 (the time left, >= 3 min): RL in imagination (scripts/gpu/rl.sh) from the SFT policy whose
-#   overall success is nearest 40% (1 or 5 demos), on the two tasks where it is most improvable,
-#   judged by the trained classifier, with real evaluations before, during and after; beside it,
+# Phase 3 (the time left, >= 3 min; starts once the world model is trained): RL in imagination
+#   (scripts/gpu/rl.sh) from the SFT policy whose overall success is nearest 40% (1 or 5 demos), on
+#   the two tasks where it is most improvable among those the judge knows, judged by the trained classifier, with real evaluations before, during and after; beside it,
 #   `calibrate-reward --world-model` judges imagined replays of held-out episodes against the
 #   simulator's labels.
 # $OUT/progress.txt says what finished when; every chain logs to $OUT/<chain>.log.
@@ -23,7 +23,7 @@
 # (150) of training, PRESET, EXTRA (overrides for every verb, e.g. a CPU dry run), EPISODES (50 per task,
 # collection and evaluations), RL_EPISODES (EPISODES: RL's real evaluations per task; the gain is judged
 # in standard errors, so more is better), RL_LR (rl.sh's 1e-5), RL_EVAL_EVERY (10 iterations between RL's real
-# evaluations; the first and the last always run), SIM_WORKERS (14), BENCH=0 (skip `bench sim` and the
+# evaluations; the first and the last always run), RL_EXTRA (more rl.* overrides for RL only), SIM_WORKERS (14), BENCH=0 (skip `bench sim` and the
 # GPU benchmarks), EXPERT=0 (skip the expert's evaluation), DEMOS ("1 5 20": the SFT runs of the policy chain).
 # A 64x64 run for the world model and RL: EXTRA="sim.image_size=64 reward.classifier.input_size=64".
 set -uo pipefail
@@ -77,15 +77,19 @@ policy_chain=$!
 wm_chain=$!
 (OUT="$OUT/rewards" SKIP_BENCH=1 bash scripts/gpu/rewards.sh "$DATA" >"$OUT/rewards.log" 2>&1; mark "rewards chain: exit $?") &
 rewards_chain=$!
-wait "$wm_chain" "$rewards_chain"
-# RL needs a base policy: the 1- and 5-demo evaluations come early in the policy chain.
+wait "$rewards_chain"
+# RL needs the trained world model (its evaluations may still run beside RL) and a base policy: the 1-
+# and 5-demo evaluations come early in the policy chain.
+while kill -0 "$wm_chain" 2>/dev/null && [ ! -f "$OUT/wm/wm/results.json" ]; do sleep 5; done
 while kill -0 "$policy_chain" 2>/dev/null && [ ! -f "$OUT/policy/work/eval-sft-5/results.json" ]; do sleep 5; done
 
 # ---------------------------------------------------------------------------- phase 3
-choice=$("$PY" - "$OUT/policy/work" <<'PYEOF'
+choice=$("$PY" - "$OUT/policy/work" "$OUT/rewards/rw/model/config.json" <<'PYEOF'
 import json, sys
 from pathlib import Path
-work = Path(sys.argv[1])
+from worldloop.sims.tasks import instruction
+work, judge = Path(sys.argv[1]), Path(sys.argv[2])
+judged = set(json.loads(judge.read_text()).get("instructions") or []) if judge.is_file() else set()
 best = None
 for n in (1, 5):
     path = work / f"eval-sft-{n}" / "results.json"
@@ -97,7 +101,8 @@ if best is None:
     sys.exit(1)
 n, r = best
 # Most improvable: some successes to reinforce (GRPO needs groups that differ), far from solved.
-rates = {task: v["success_once"] for task, v in r["per_task"].items()}
+# A task-conditioned judge knows only the instructions it was trained on.
+rates = {task: v["success_once"] for task, v in r["per_task"].items() if not judged or instruction(task) in judged}
 ranked = sorted(rates, key=lambda t: (not 0.05 <= rates[t] <= 0.8, abs(rates[t] - 0.35)))
 print(work / f"sft-{n}", ",".join(ranked[:2]))
 PYEOF
@@ -113,7 +118,7 @@ fi
 read -r POLICY TASKS <<< "$choice"
 MINUTES=$(( (DEADLINE_MIN * 60 - SECONDS) / 60 - 4 )); [ "$MINUTES" -lt 3 ] && MINUTES=3
 mark "rl: base $POLICY on $TASKS for $MINUTES min"
-OUT="$OUT/rl" OVERRIDES="$EXTRA" RL_OVERRIDES="rl.eval_every=${RL_EVAL_EVERY:-10} rl.eval_episodes_per_task=${RL_EPISODES:-$EPISODES}${RL_LR:+ rl.lr=$RL_LR}" \
+OUT="$OUT/rl" OVERRIDES="$EXTRA" RL_OVERRIDES="rl.eval_every=${RL_EVAL_EVERY:-10} rl.eval_episodes_per_task=${RL_EPISODES:-$EPISODES}${RL_LR:+ rl.lr=$RL_LR}${RL_EXTRA:+ $RL_EXTRA}" \
   bash scripts/gpu/rl.sh "$POLICY" "$OUT/wm/wm" "$OUT/rewards/rw" "$DATA" "$TASKS" "$MINUTES" >"$OUT/rl.log" 2>&1
 mark "rl: exit $?"
 wait

@@ -4,6 +4,7 @@
 # Usage: OUT=/path/out scripts/gpu/worldmodel.sh DATASET_DIR
 #   DATASET_DIR: a Meta-World dataset written by `worldloop collect` (64x64 or 128x128).
 # Env knobs: VAE_SECONDS (150), WM_SECONDS (240), SKIP_BENCH=1, PRESET (metaworld-gpu), EXTRA (overrides),
+# EVAL_MEMORY_NOISE ("": extra eval-wm runs, one per world_model.memory_noise level, e.g. "0.1 0.2"),
 # PY (python with worldloop importable).
 # Run from the repository root after `source scripts/gpu/setup.sh .whl .whl2` (diffusers + av importable).
 # Wall time: ~4 min VAE, ~5.5 min WM (clip encoding + 240 s), ~1 min eval, up to 7 min bench.
@@ -34,6 +35,12 @@ timeout $((WM_SECONDS + 300)) $PY -m worldloop train-wm --dataset "$DATA" --vae 
 timeout 300 $PY -m worldloop eval-wm --world-model "$OUT/wm" --dataset "$DATA" --out "$OUT/eval" "${COMMON[@]}" \
   2>&1 | tail -3 | tee -a "$OUT/log.txt" || echo "eval-wm failed" | tee -a "$OUT/log.txt"
 
+# 3b. the same with the memory latent noised at every rollout step (world_model.memory_noise), per level
+for LEVEL in ${EVAL_MEMORY_NOISE:-}; do
+  timeout 300 $PY -m worldloop eval-wm --world-model "$OUT/wm" --dataset "$DATA" --out "$OUT/eval-memory-noise-$LEVEL" "${COMMON[@]}" \
+    world_model.memory_noise=$LEVEL 2>&1 | tail -3 | tee -a "$OUT/log.txt" || echo "eval-wm memory_noise=$LEVEL failed" | tee -a "$OUT/log.txt"
+done
+
 # 4. throughput (random weights)
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   timeout 420 $PY -m worldloop bench wm --out "$OUT/bench_wm.txt" "${COMMON[@]}" 2>&1 | tail -12 | tee -a "$OUT/log.txt" \
@@ -56,8 +63,9 @@ def vae():
 def wm():
     r = json.loads((out / "wm/results.json").read_text())
     print(f"WM: {r['steps']} steps, final loss {r['final_loss']:.4f}, {r['parameters_millions']:.1f} M params, {r['clips']} clips")
-def ev():
-    m = json.loads((out / "eval/metrics.json").read_text())
+def ev(folder="eval"):
+    m = json.loads((out / folder / "metrics.json").read_text())
+    print(f"{folder} (memory_noise {m['sampling'].get('memory_noise', 0.0)}):")
     print(f"{'horizon':>7} {'eps':>4} {'PSNR':>7} {'copy':>7} {'SSIM':>7} {'copy':>7}  beats copy-last-frame?")
     for h, r in m["horizons"].items():
         ok = r["psnr"] > r["copy_last_frame_psnr"] and r["ssim"] > r["copy_last_frame_ssim"]
@@ -67,4 +75,6 @@ def bench():
     print((out / "bench_wm.txt").read_text())
 for name, fn in (("vae", vae), ("wm", wm), ("eval", ev), ("bench", bench)):
     section(name, fn)
+for folder in sorted(p.name for p in out.glob("eval-memory-noise-*")):
+    section(folder, lambda: ev(folder))
 PYEOF

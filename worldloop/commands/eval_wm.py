@@ -31,7 +31,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     wm_config = config.world_model
     _, held_out, dataset = load_split(args.dataset, wm_config.held_out_fraction, config.seed)
     model = WorldModel.from_pretrained(args.world_model, resolve_device(config.device), sampling_steps=wm_config.sampling_steps,
-                                       shift=wm_config.shift, decode=wm_config.decode)  # fmt: skip
+                                       shift=wm_config.shift, decode=wm_config.decode, memory_noise=wm_config.memory_noise)  # fmt: skip
     metrics = evaluate_world_model(model, held_out[: wm_config.eval_episodes], wm_config.eval_horizons, args.out, fps=int(dataset.fps), seed=config.seed)
     print(json.dumps(metrics, indent=2))
     return 0

@@ -59,3 +59,11 @@ def episode_clips(
     for t in rng.integers(0, num_frames, size=num_static):
         clips.append(clip_spec(actions, int(t), chunk, memory_frames, static=True))
     return clips
+
+
+def predecessors(specs: list[ClipSpec], chunk: int) -> np.ndarray:
+    """Per clip of one episode, the index of the clip one chunk earlier, whose last 4 future frames
+    are this clip's memory frames (self-forcing generates them), or -1: a first chunk, a static clip,
+    or a clip stride that does not divide the chunk."""
+    newest = {int(s.frame_indices[CONTEXT - 1]): i for i, s in enumerate(specs) if not s.static}
+    return np.array([-1 if s.static else newest.get(int(s.frame_indices[CONTEXT - 1]) - chunk, -1) for s in specs], dtype=np.int64)

@@ -85,6 +85,15 @@ class WorldModelConfig:
     False (ablation) slides it: slot 0 is the frame just before the memory frames."""
     context_noise: float = 0.3
     """Largest noise level sigma (0-1) put on the non-reference context latents in training; 0 disables (ablation)."""
+    self_forcing: float = 0.0
+    """Fraction of training clips whose memory latent is the model's own prediction of it, sampled
+    (without gradient) from the clip one chunk earlier, as in a rollout: the model learns to continue
+    from its own frames, not only from real ones, against drift that compounds chunk by chunk. 0 disables."""
+    self_forcing_after: float = 0.3
+    """Fraction of the training budget before self-forcing starts (until then its predictions are noise)."""
+    memory_noise: float = 0.0
+    """Sampling: noise level sigma put on the memory latent at every rollout step, the model told so by its
+    per-token timestep (trained for by context_noise): it then trusts its own last frames less. 0 = clean."""
     static_fraction: float = 0.05
     """Fraction of training clips that are static (one frame repeated) with zero actions."""
     clip_stride: int = 2
@@ -139,6 +148,12 @@ class WorldModelConfig:
             raise ValueError(f"memory_frames must be 4 or 1, got {self.memory_frames}")
         if not 0.0 <= self.context_noise <= 1.0:
             raise ValueError(f"context_noise must be in [0, 1], got {self.context_noise}")
+        if not 0.0 <= self.self_forcing <= 1.0 or not 0.0 <= self.self_forcing_after <= 1.0:
+            raise ValueError(f"self_forcing and self_forcing_after must be in [0, 1], got {self.self_forcing}, {self.self_forcing_after}")
+        if self.self_forcing and (self.memory_frames != 4 or not self.reference_frame):
+            raise ValueError("self_forcing follows the rollout's latent memory, which needs memory_frames=4 and reference_frame=true")
+        if not 0.0 <= self.memory_noise < 1.0:
+            raise ValueError(f"memory_noise must be in [0, 1), got {self.memory_noise}")
         if not 0.0 <= self.static_fraction < 1.0:
             raise ValueError(f"static_fraction must be in [0, 1), got {self.static_fraction}")
         for name in ("clip_stride", "steps", "batch_size", "sampling_steps", "log_every", "sample_every", "checkpoint_every", "eval_episodes"):

@@ -50,15 +50,17 @@ def autocast(device: torch.device):
 
 
 @torch.no_grad()
-def sample_future(dit: ActionConditionedDiT, context: torch.Tensor, actions: torch.Tensor, noise: torch.Tensor, sigmas: torch.Tensor) -> torch.Tensor:
+def sample_future(dit: ActionConditionedDiT, context: torch.Tensor, actions: torch.Tensor, noise: torch.Tensor, sigmas: torch.Tensor, memory_sigma: float = 0.0) -> torch.Tensor:
     """Euler integration of the velocity field from ``noise`` (sigma 1) to clean future latents.
 
-    context (N, C, 2, h, w) stays clean (sigma 0) and is re-imposed at every step; actions (N, 13, A)
-    normalised; noise (N, C, k, h, w); sigmas (steps + 1,) decreasing to 0."""
+    context (N, C, 2, h, w) is re-imposed at every step at sigma 0, its memory slot at ``memory_sigma``
+    when the caller has noised it; actions (N, 13, A) normalised; noise (N, C, k, h, w); sigmas
+    (steps + 1,) decreasing to 0."""
     latents = noise
     batch, frames = noise.shape[0], context.shape[2] + noise.shape[2]
     for sigma, sigma_next in zip(sigmas[:-1].tolist(), sigmas[1:].tolist()):
         per_frame = torch.zeros(batch, frames, device=noise.device)
+        per_frame[:, 1 : context.shape[2]] = memory_sigma
         per_frame[:, context.shape[2] :] = sigma
         with autocast(noise.device):
             velocity = dit(torch.cat([context, latents], dim=2), per_frame, actions)
@@ -81,7 +83,7 @@ class WorldModel:
         self.reference_frame = bool(spec["reference_frame"])
         self.action_mean = torch.tensor(spec["action_mean"], dtype=torch.float32, device=self.device)
         self.action_std = torch.tensor(spec["action_std"], dtype=torch.float32, device=self.device)
-        self.set_sampling(spec.get("sampling_steps", 5), spec.get("shift", 5.0), spec.get("decode", "cached"))
+        self.set_sampling(spec.get("sampling_steps", 5), spec.get("shift", 5.0), spec.get("decode", "cached"), spec.get("memory_noise", 0.0))
         self.decoder = vae_lib.StreamingDecoder(self.vae)
         self.context: torch.Tensor | None = None  # (N, C, 2, h, w)
         self.context_actions: torch.Tensor | None = None  # (N, 5, A) raw
@@ -102,14 +104,14 @@ class WorldModel:
             latent_channels=int(vae.config.z_dim), memory_frames=config.memory_frames, reference_frame=config.reference_frame,
             action_mean=list(action_mean) if action_mean is not None else [0.0] * action_dim,
             action_std=list(action_std) if action_std is not None else [1.0] * action_dim,
-            sampling_steps=config.sampling_steps, shift=config.shift, decode=config.decode,
+            sampling_steps=config.sampling_steps, shift=config.shift, decode=config.decode, memory_noise=config.memory_noise,
         )  # fmt: skip
         return cls(dit, vae, spec, device)
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, device: str | torch.device = "auto", **sampling: Any) -> "WorldModel":
         """Load a folder written by :meth:`save_pretrained`; ``sampling`` may override
-        ``sampling_steps``, ``shift`` and ``decode``."""
+        ``sampling_steps``, ``shift``, ``decode`` and ``memory_noise``."""
         folder = Path(folder)
         spec = read_model_config(folder, kind=KIND)
         vae = vae_lib.load_vae(folder / "vae")
@@ -140,12 +142,14 @@ class WorldModel:
         atomic_write_json(folder / "config.json", self.spec)
         return folder
 
-    def set_sampling(self, steps: int, shift: float, decode: str) -> None:
+    def set_sampling(self, steps: int, shift: float, decode: str, memory_noise: float = 0.0) -> None:
         if decode not in ("cached", "full"):
             raise ValueError(f"decode must be 'cached' or 'full', got {decode!r}")
-        self.sampling_steps, self.shift, self.decode_mode = int(steps), float(shift), decode
+        if not 0.0 <= memory_noise < 1.0:
+            raise ValueError(f"memory_noise must be in [0, 1), got {memory_noise}")
+        self.sampling_steps, self.shift, self.decode_mode, self.memory_noise = int(steps), float(shift), decode, float(memory_noise)
         self.sigmas = sampler_sigmas(self.sampling_steps, self.shift)
-        self.spec.update(sampling_steps=self.sampling_steps, shift=self.shift, decode=decode)
+        self.spec.update(sampling_steps=self.sampling_steps, shift=self.shift, decode=decode, memory_noise=self.memory_noise)
 
     # ------------------------------------------------------------------------------------ rollout
 
@@ -221,7 +225,12 @@ class WorldModel:
         channels, _, height, width = self.context.shape[1:]
         shape = (channels, self.chunk_size // vae_lib.TEMPORAL_FACTOR, height, width)
         noise = torch.stack([torch.randn(shape, generator=g, device=self.device) for g in self.generators])
-        new = sample_future(self.dit, self.context, all_actions, noise, self.sigmas)  # (N, C, 2, h, w)
+        context = self.context
+        if self.memory_noise:  # the conditioning only: the clean memory stays in self.context
+            memory_eps = torch.stack([torch.randn(context.shape[1:2] + (1,) + context.shape[3:], generator=g, device=self.device) for g in self.generators])
+            memory = (1 - self.memory_noise) * context[:, :, 1:] + self.memory_noise * memory_eps
+            context = torch.cat([context[:, :, :1], memory], dim=2)
+        new = sample_future(self.dit, context, all_actions, noise, self.sigmas, self.memory_noise)  # (N, C, 2, h, w)
         with autocast(self.device):
             if self.decode_mode == "cached":
                 frames = self.decoder(new)

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from worldloop.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from worldloop.utils.io import atomic_path, atomic_write_json, read_json
 from worldloop.worldmodel import vae as vae_lib
-from worldloop.worldmodel.clips import episode_clips
+from worldloop.worldmodel.clips import episode_clips, predecessors
 from worldloop.worldmodel.configuration import VAEConfig, WorldModelConfig
 from worldloop.worldmodel.metrics import psnr, ssim
 from worldloop.worldmodel.rollout import WorldModel, autocast, sample_future, shift_sigmas
@@ -248,9 +248,10 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
 @torch.no_grad()
 def encode_clips(vae, episodes: Sequence[EpisodeLike], config: WorldModelConfig, device: torch.device, seed: int = 0, batch: int = 32) -> dict[str, torch.Tensor]:
     """Every training clip as latents ``(M, C, 4, h, w)`` [slot 0, memory, future, future] with its
-    13 raw actions ``(M, 13, A)`` (see :mod:`worldloop.worldmodel.clips`)."""
+    13 raw actions ``(M, 13, A)`` and the index of the clip one chunk earlier ``(M,)`` (-1: none; see
+    :mod:`worldloop.worldmodel.clips`)."""
     rng = np.random.default_rng(seed)
-    latents, actions = [], []
+    latents, actions, previous, count = [], [], [], 0
     for episode in _progress(episodes, desc="encode clips", leave=False):
         frames = _frames(episode)
         specs = episode_clips(_actions(episode), config.chunk_size, config.memory_frames, config.clip_stride, config.static_fraction, rng)
@@ -266,9 +267,12 @@ def encode_clips(vae, episodes: Sequence[EpisodeLike], config: WorldModelConfig,
                     clip_latents[:, :, :1] = reference
                 latents.append(clip_latents.float().cpu())
         actions.append(torch.as_tensor(np.stack([s.actions for s in specs])))
+        local = predecessors(specs, config.chunk_size)
+        previous.append(torch.as_tensor(np.where(local >= 0, local + count, -1)))
+        count += len(specs)
     if not latents:
         raise ValueError(f"no episode is long enough for a clip of {5 + config.chunk_size} frames")
-    return {"latents": torch.cat(latents), "actions": torch.cat(actions)}
+    return {"latents": torch.cat(latents), "actions": torch.cat(actions), "previous": torch.cat(previous)}
 
 
 def cached_clips(vae, episodes: Sequence[EpisodeLike], config: WorldModelConfig, device: torch.device, cache_dir: Path, key: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
@@ -278,7 +282,9 @@ def cached_clips(vae, episodes: Sequence[EpisodeLike], config: WorldModelConfig,
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     file, meta = cache_dir / "latents.safetensors", cache_dir / "latents.json"
     if file.is_file() and meta.is_file() and read_json(meta).get("digest") == digest:
-        return load_file(file)
+        clips = load_file(file)
+        if "previous" in clips:  # caches written before self-forcing lack it
+            return clips
     clips = encode_clips(vae, episodes, config, device, seed)
     with atomic_path(file) as tmp:
         save_file({k: v.contiguous() for k, v in clips.items()}, str(tmp))
@@ -299,7 +305,8 @@ def train_world_model(
 ) -> WorldModel:
     """Train the action-conditioned DiT on ``train_episodes``; the EMA model is saved to ``out``
     (config.json, model.safetensors, vae/) and returned. ``clips`` ({"latents" (M, C, 4, h, w),
-    "actions" (M, 13, A) raw}) replaces the episodes with ready-made latent clips. ``init`` starts
+    "actions" (M, 13, A) raw, optionally "previous" (M,) for self-forcing}) replaces the episodes with
+    ready-made latent clips. ``init`` starts
     from a trained world model's weights and action statistics (fine-tuning, e.g. PACE's WM Evo)."""
     from torch.utils.tensorboard import SummaryWriter
 
@@ -325,6 +332,9 @@ def train_world_model(
             raise ValueError(f"--init world model renders {init.image_size}px with {len(init.spec['action_mean'])}-d actions; this data has {image_size}px, {action_dim}-d")
         action_mean, action_std = np.asarray(init.spec["action_mean"]), np.asarray(init.spec["action_std"])
     latents_all, actions_all = clips["latents"].to(device), clips["actions"].to(device)
+    if config.self_forcing and "previous" not in clips:
+        raise ValueError("world_model.self_forcing needs clips with 'previous' (the clip one chunk earlier); ready-made clips lack it")
+    previous_all = clips["previous"].to(device) if "previous" in clips else None
 
     torch.manual_seed(seed)
     model = WorldModel.build(config, vae, image_size, action_dim, action_mean.tolist(), action_std.tolist(), device)
@@ -354,7 +364,7 @@ def train_world_model(
     num_clips = len(latents_all)
     mean_t = torch.as_tensor(action_mean, dtype=torch.float32, device=device)
     std_t = torch.as_tensor(action_std, dtype=torch.float32, device=device)
-    loss_value, done = float("nan"), step
+    loss_value, done, self_forced = float("nan"), step, 0
     budget.started = time.time()
     bar = _progress(range(step, config.steps), initial=step, total=config.steps, desc="train-wm")
     for step in bar:
@@ -364,6 +374,17 @@ def train_world_model(
         x0 = latents_all[index]  # (B, C, 4, h, w)
         actions = (actions_all[index] - mean_t) / std_t  # (B, 13, A)
         batch = x0.shape[0]
+        if config.self_forcing and budget.fraction(step) >= config.self_forcing_after:
+            # the memory the model will really see from a rollout's second chunk on: its own sample
+            previous = previous_all[index]
+            chosen = (torch.rand(batch, device=device, generator=generator) < config.self_forcing) & (previous >= 0)
+            if chosen.any():
+                earlier = previous[chosen]
+                start = torch.randn(latents_all[earlier][:, :, 2:].shape, device=device, generator=generator)
+                generated = sample_future(dit, latents_all[earlier][:, :, :2], (actions_all[earlier] - mean_t) / std_t, start, model.sigmas)
+                x0 = x0.clone()
+                x0[chosen, :, 1] = generated[:, :, -1]
+                self_forced += int(chosen.sum())
         context, future = x0[:, :, :2], x0[:, :, 2:]
         # rectified flow on the future latents
         sigma = shift_sigmas(torch.rand(batch, device=device, generator=generator), config.shift)
@@ -396,6 +417,7 @@ def train_world_model(
             writer.add_scalar("wm/loss", loss_value, done)
             writer.add_scalar("wm/grad_norm", float(grad_norm), done)
             writer.add_scalar("wm/lr", scheduler.get_last_lr()[0], done)
+            writer.add_scalar("wm/self_forced_clips", self_forced, done)
             bar.set_postfix(loss=f"{loss_value:.4f}")
         if done % config.sample_every == 0 or done == config.steps:
             _log_samples(writer, ema, vae, latents_all[:4], (actions_all[:4] - mean_t) / std_t, model.sigmas, done)
@@ -407,7 +429,7 @@ def train_world_model(
     save_checkpoint(out, done, modules, stateful, extra={"shape": shape, "seconds": budget.seconds()})
     model.dit = ema
     model.save_pretrained(out, dit=ema)
-    atomic_write_json(out / "results.json", {"steps": done, "final_loss": loss_value, "clips": num_clips,
+    atomic_write_json(out / "results.json", {"steps": done, "final_loss": loss_value, "clips": num_clips, "self_forced_clips_this_run": self_forced,
                                              "train_seconds_this_run": time.time() - budget.started,
                                              "parameters_millions": sum(p.numel() for p in ema.parameters()) / 1e6})  # fmt: skip
     return model
