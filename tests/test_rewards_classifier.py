@@ -38,6 +38,8 @@ def test_episodes_ending_at_first_success_have_no_positive_frame(tmp_path):
     assert not data.success.any()
     with pytest.raises(ValueError, match="success_hold_steps"):
         train_classifier(data, None, ClassifierConfig(steps=1), tmp_path, torch.device("cpu"))
+    with pytest.raises(ValueError, match="threshold_from"):
+        ClassifierConfig(threshold_from="median").validate()
 
 
 def test_augmentations_keep_shape_and_range_and_change_pixels():

@@ -61,3 +61,16 @@ def test_calibrate_reward_judges_world_model_frames(dataset, tmp_path, capsys):
     assert "on imagined frames" in capsys.readouterr().out
     assert main(["calibrate-reward", "--judge", str(rw), "--dataset", str(dataset), "--out", str(cal), "--world-model", str(tmp_path / "wm64")]) == 2
     assert "renders 64px frames" in capsys.readouterr().err
+    # The judge trained on the world model's replays too: twice the training frames, held-out replays scored.
+    rw_wm = tmp_path / "rw-wm"
+    assert main(["train-reward", "--dataset", str(dataset), "--out", str(rw_wm), "--world-model", str(tmp_path / "wm32"), *small,
+                 "reward.classifier.threshold_from=max_f1"]) == 0  # fmt: skip
+    metrics, plain = read_json(rw_wm / "metrics.json"), read_json(rw / "metrics.json")
+    assert metrics["train"]["frames"] == 2 * plain["train"]["frames"]
+    assert metrics["held_out_imagined"]["frames"] == metrics["held_out"]["frames"] == 2 * 11
+    # The saved threshold is the one that maximises F1 on the frames RL will judge: the held-out replays.
+    assert plain["threshold_chosen_on"] == "fixed" and metrics["threshold_chosen_on"] == "max_f1 on held_out_imagined"
+    assert read_json(rw_wm / "model" / "config.json")["threshold"] == metrics["threshold"] == metrics["held_out_imagined"]["suggested_threshold"]["max_f1"]
+    assert "replays of the held-out episodes" in capsys.readouterr().out
+    assert main(["train-reward", "--dataset", str(dataset), "--out", str(tmp_path / "rw-64"), "--world-model", str(tmp_path / "wm64"), *small]) == 2
+    assert "renders 64px frames" in capsys.readouterr().err

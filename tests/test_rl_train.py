@@ -105,3 +105,15 @@ def test_rl_command_refuses_incomplete_input(tmp_path, capsys):
     args = ["rl", "--policy", "p", "--world-model", "wm", "--judge", "rw", "--dataset", "d", "--out", str(tmp_path / "run")]
     assert main(args + ["rl.kir_ratio=0.5"]) == 2
     assert "no --keyframes" in capsys.readouterr().err
+
+
+def test_a_judge_that_always_says_success_is_diagnosed(tmp_path):
+    """Every imagined rollout judged a success: no group carries signal, and the run says why (the H200
+    failure of the third session: the judge fired on world-model artefacts)."""
+    torch.manual_seed(0)
+    env = ImaginedEnv(ToyWorldModel(), ToyJudge(radius=10.0), make_pool(32, 3), 16, 8, max_steps=16, kir_ratio=0.0)
+    results = train(ToyPolicy(), env, config(iterations=6, num_groups=2), tmp_path / "run", console=False)
+    assert all(h["rollout/groups_all_success"] == 1.0 and h["rollout/kept_groups"] == 0.0 for h in results["history"])
+    assert [w["iteration"] for w in results["warnings"]] == [5] and "calibrate-reward --world-model" in results["warnings"][0]["message"]
+    healthy = train(ToyPolicy(), imagined(16, 8), config(iterations=6, num_groups=2), tmp_path / "healthy", console=False)
+    assert healthy["warnings"] == [] and 0.0 <= healthy["history"][-1]["rollout/groups_all_fail"] <= 1.0

@@ -37,15 +37,6 @@ EPISODES=${EPISODES:-50}
 LOG="$OUT/policy.log"
 : >"$LOG"
 
-step() {  # step NAME SECONDS CMD...: run with a time limit, log everything, show the tail, keep going
-  local name=$1 limit=$2; shift 2
-  echo "== $name (limit ${limit}s): $*" | tee -a "$LOG"
-  local start=$SECONDS
-  timeout "$limit" "$@" 2>&1 | tee -a "$LOG" | grep -v -e "it/s]" -e "s/it]" | tail -n 6
-  local rc=${PIPESTATUS[0]}
-  echo "== $name: exit $rc after $((SECONDS - start)) s" | tee -a "$LOG"
-  return "$rc"
-}
 
 if [ -z "$DATASET" ] || [ ! -f "$DATASET/meta/info.json" ]; then
   DATASET="$WORK/dataset"

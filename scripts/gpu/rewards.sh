@@ -9,6 +9,7 @@
 # first success never stores that frame. When DATASET is missing or was collected with
 # success_hold_steps = 0, a reward dataset (20 episodes per task, success_hold_steps=10) is collected
 # into $OUT/reward-data first (~1 min).
+# WORLD_MODEL: a world-model folder whose open-loop replays join the classifier's training frames.
 # Steps (each time-bounded; ~4-5 min in all on the H200): [collect] -> train-reward -> calibrate-reward (held-out
 # episodes) -> TOPReward path check with a tiny random Qwen3-VL folder -> TOPReward throughput at
 # Qwen3-VL-8B dimensions (random weights, bf16) at batch 8/32/64 -> table.
@@ -19,7 +20,7 @@ if ! python3 -c "import worldloop, metaworld" 2>/dev/null; then
   # shellcheck disable=SC1091
   source scripts/gpu/setup.sh
 fi
-export PYTHONUNBUFFERED=1
+source scripts/gpu/common.sh
 WL="python3 -m worldloop"
 PRESET=${PRESET:-metaworld-gpu}
 EXTRA=${EXTRA:-}                      # extra key=value overrides for every verb (e.g. for a CPU dry run)
@@ -28,15 +29,6 @@ BENCH_SIZES=${BENCH_SIZES:-8b}        # Qwen3-VL sizes to benchmark (tiny, 8b); 
 DATASET=${1:-}
 LOG="$OUT/rewards.log"
 : > "$LOG"
-step() {  # step NAME SECONDS CMD...: run with a time limit, log, keep going on failure
-  local name=$1 limit=$2; shift 2
-  echo "== $name (limit ${limit}s): $*" | tee -a "$LOG"
-  local start=$SECONDS
-  timeout "$limit" "$@" 2>&1 | tee -a "$LOG" | grep -v -e "it/s]" -e "Loading weights" | tail -n 8
-  local rc=${PIPESTATUS[0]}
-  echo "== $name: exit $rc after $((SECONDS - start)) s" | tee -a "$LOG"
-  return "$rc"
-}
 
 hold=0
 if [ -n "$DATASET" ] && [ -f "$DATASET/config.yaml" ]; then
@@ -49,7 +41,8 @@ if [ -z "$DATASET" ] || [ "$hold" = "0" ]; then
 fi
 
 # 400 s: decoding ~55k frames took ~2 minutes on the H200 host while other jobs read the same dataset.
-step train-reward 400 $WL train-reward --preset $PRESET --dataset "$DATASET" --out "$OUT/rw" $EXTRA
+# With WORLD_MODEL (a train-wm folder), the classifier also learns from that model's replays of the training episodes.
+step train-reward 400 $WL train-reward --preset $PRESET --dataset "$DATASET" --out "$OUT/rw" ${WORLD_MODEL:+--world-model "$WORLD_MODEL"} $EXTRA
 step calibrate-classifier 60 $WL calibrate-reward --preset $PRESET --judge "$OUT/rw" --dataset "$DATASET" --out "$OUT/calibrate-classifier" --split held_out $EXTRA
 
 # The TOPReward path end to end on this host's transformers, with a tiny random Qwen3-VL folder

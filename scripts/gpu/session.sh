@@ -9,10 +9,11 @@
 #   (scripts/gpu/sims.sh, then the metaworld-gpu dataset), while the GPU runs `bench wm` (small and
 #   wan2.2-5b dimensions) and the TOPReward benchmark at Qwen3-VL-8B dimensions. Two cores are left
 #   to the GPU benchmarks so that the simulator does not starve their kernel launches.
-# Phase 2 (~9 min), three chains at once on the dataset:
+# Phase 2 (~12 min), three chains on the dataset:
 #   policy (scripts/gpu/policy.sh): expert eval, SFT with 1/5/20 demos per task, 50-episode evals;
 #   world model (scripts/gpu/worldmodel.sh): train-vae, train-wm (small), eval-wm vs copy-last-frame;
-#   rewards (scripts/gpu/rewards.sh): train-reward, calibrate-reward, the TOPReward path check.
+#   rewards (scripts/gpu/rewards.sh), once the world model is trained: train-reward on the real frames
+#   and the world model's replays of them, calibrate-reward, the TOPReward path check.
 # Phase 3 (the time left, >= 3 min; starts once the world model is trained): RL in imagination
 #   (scripts/gpu/rl.sh) from the SFT policy whose overall success is nearest 40% (1 or 5 demos), on
 #   the two tasks where it is most improvable among those the judge knows, judged by the trained classifier, with real evaluations before, during and after; beside it,
@@ -75,12 +76,14 @@ if [ ! -f "$DATA/meta/info.json" ]; then mark "no dataset: stopping"; exit 1; fi
 policy_chain=$!
 (OUT="$OUT/wm" SKIP_BENCH=1 EXTRA="${EXTRA:-device=cuda}" bash scripts/gpu/worldmodel.sh "$DATA" >"$OUT/wm.log" 2>&1; mark "world-model chain: exit $?") &
 wm_chain=$!
-(OUT="$OUT/rewards" SKIP_BENCH=1 bash scripts/gpu/rewards.sh "$DATA" >"$OUT/rewards.log" 2>&1; mark "rewards chain: exit $?") &
+# The judge learns from the world model's replays too, so it starts once the world model is trained (its
+# evaluations may still run): the VAE and the DiT then have the GPU to themselves, but for the short SFT.
+while kill -0 "$wm_chain" 2>/dev/null && [ ! -f "$OUT/wm/wm/results.json" ]; do sleep 5; done
+[ -f "$OUT/wm/wm/results.json" ] && JUDGE_WM="$OUT/wm/wm" || JUDGE_WM=""
+(OUT="$OUT/rewards" SKIP_BENCH=1 WORLD_MODEL="$JUDGE_WM" bash scripts/gpu/rewards.sh "$DATA" >"$OUT/rewards.log" 2>&1; mark "rewards chain: exit $?") &
 rewards_chain=$!
 wait "$rewards_chain"
-# RL needs the trained world model (its evaluations may still run beside RL) and a base policy: the 1-
-# and 5-demo evaluations come early in the policy chain.
-while kill -0 "$wm_chain" 2>/dev/null && [ ! -f "$OUT/wm/wm/results.json" ]; do sleep 5; done
+# RL needs a base policy too: the 1- and 5-demo evaluations come early in the policy chain.
 while kill -0 "$policy_chain" 2>/dev/null && [ ! -f "$OUT/policy/work/eval-sft-5/results.json" ]; do sleep 5; done
 
 # ---------------------------------------------------------------------------- phase 3

@@ -9,19 +9,22 @@ from worldloop.config import Config
 HELP = (
     "Train the ResNet-18 success classifier (reward.classifier.*) on a dataset's success labels; "
     "writes the judge to OUT/model, held-out AUROC/precision/recall to OUT/metrics.json, TensorBoard to OUT/tb. "
-    "Rerun the same command to resume."
+    "With --world-model, the world model's open-loop replays of the training episodes join the training frames "
+    "with the simulator's labels (the judge then knows the frames it will judge in RL), and held-out replays are "
+    "scored too (held_out_imagined). Rerun the same command to resume."
 )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True, nargs="+", help="LeRobot v3 dataset folder(s) (worldloop collect); together they need success-labelled frames")
     parser.add_argument("--out", required=True, help="run folder; OUT (or OUT/model) is a judge for load_judge / --judge")
+    parser.add_argument("--world-model", help="world-model folder (train-wm --out) at the datasets' resolution: train on its replays too")
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
     from worldloop.config import save_config
     from worldloop.data.dataset import TrajectoryDataset, split_episodes
-    from worldloop.rewards.labels import labelled_frames
+    from worldloop.rewards.labels import LabelledFrames, labelled_frames
     from worldloop.rewards.train import train_classifier
     from worldloop.utils.device import resolve_device
 
@@ -35,18 +38,41 @@ def run(args: argparse.Namespace, config: Config) -> int:
     def episodes(part: int):  # every dataset's train (0) or held-out (1) episodes, one after another
         return (episode for dataset, split in zip(datasets, splits) for episode in dataset.episodes(list(split[part])))
 
+    device = resolve_device(config.device)
     train = labelled_frames(episodes(0), instructions, settings.max_frames)
     held_out = labelled_frames(episodes(1), instructions, settings.max_frames) if held_out_ids else None
+    also_evaluate = {}
+    if args.world_model:
+        from worldloop.rewards.agreement import imagined_episodes
+        from worldloop.worldmodel.rollout import WorldModel
+
+        world_model = WorldModel.from_pretrained(args.world_model, device).for_inference()
+        for folder, dataset in zip(args.dataset, datasets):
+            if dataset.image_size != world_model.image_size:
+                raise ValueError(f"--world-model renders {world_model.image_size}px frames, {folder} holds {dataset.image_size}px")
+
+        def imagined(part: int) -> LabelledFrames:  # the same episodes replayed open loop, with the real labels
+            replays = imagined_episodes(world_model, list(episodes(part)), settings.batch_size, config.seed + part)
+            return labelled_frames(replays, instructions, settings.max_frames)
+
+        train = LabelledFrames.cat([train, imagined(0)])
+        if held_out_ids:
+            also_evaluate["held_out_imagined"] = imagined(1)
     print(
-        f"train-reward: {len(train)} training frames ({int(train.success.sum())} success), "
+        f"train-reward: {len(train)} training frames ({int(train.success.sum())} success{', half imagined' if args.world_model else ''}), "
         f"{len(held_out) if held_out else 0} held-out frames from {len(held_out_ids)} episodes"
     )
-    metrics = train_classifier(train, held_out, settings, args.out, resolve_device(config.device), seed=config.seed)
+    threshold_on = "held_out_imagined" if "held_out_imagined" in also_evaluate else "held_out"
+    metrics = train_classifier(train, held_out, settings, args.out, device, seed=config.seed, also_evaluate=also_evaluate, threshold_on=threshold_on)
     report = metrics["held_out"] or metrics["train"]
     which = "held-out" if metrics["held_out"] else "train (no held-out episodes)"
     at = report["at_threshold"]
     print(
         f"train-reward: {which} AUROC {report['auroc']}, precision {at['precision']}, recall {at['recall']} "
-        f"at threshold {at['threshold']}; judge saved to {args.out}/model"
+        f"at threshold {at['threshold']} ({metrics['threshold_chosen_on']}); judge saved to {args.out}/model"
     )
+    if "held_out_imagined" in metrics:
+        at = metrics["held_out_imagined"]["at_threshold"]
+        print(f"train-reward: on the world model's replays of the held-out episodes: AUROC {metrics['held_out_imagined']['auroc']}, "
+              f"false-positive rate {at['false_positive_rate']}, recall {at['recall']}")  # fmt: skip
     return 0

@@ -18,6 +18,11 @@ class ClassifierConfig:
     """Side in pixels the frames are resized to before the network (on the device)."""
     threshold: float = 0.5
     """P(success) at or above which a frame counts as success; kept in the saved judge (0.5 = the seed's rounding)."""
+    threshold_from: Literal["fixed", "max_f1", "youden"] = "fixed"
+    """'fixed': keep `threshold`. 'max_f1' / 'youden': after training, the saved judge's threshold is the one that
+    maximises F1 / Youden's J on the held-out frames: the world model's replays of them when train-reward has
+    --world-model (the frames the judge reads in RL), else the real ones. Class-balanced batches teach a 50 %
+    prior, so 0.5 fires too often on real data, where success frames are rare."""
     steps: int = 300
     """Optimizer steps of training."""
     batch_size: int = 64
@@ -44,6 +49,8 @@ class ClassifierConfig:
     def validate(self) -> None:
         if self.input_size < 16 or self.steps < 1 or self.batch_size < 2 or self.eval_every < 1 or self.max_frames < 2:
             raise ValueError("classifier: input_size >= 16, steps >= 1, batch_size >= 2, eval_every >= 1, max_frames >= 2 are required")
+        if self.threshold_from not in ("fixed", "max_f1", "youden"):
+            raise ValueError(f"classifier: threshold_from must be 'fixed', 'max_f1' or 'youden', got {self.threshold_from!r}")
         if not 0 < self.threshold < 1 or not 0 <= self.held_out_fraction < 1 or not 0 <= self.blur_prob <= 1:
             raise ValueError("classifier: 0 < threshold < 1, 0 <= held_out_fraction < 1 and 0 <= blur_prob <= 1 are required")
         if self.lr <= 0 or self.weight_decay < 0 or self.jitter < 0 or self.noise_std < 0:

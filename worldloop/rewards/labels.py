@@ -55,6 +55,14 @@ class LabelledFrames:
     def __len__(self) -> int:
         return len(self.success)
 
+    @classmethod
+    def cat(cls, parts: list["LabelledFrames"]) -> "LabelledFrames":
+        """One set of the frames of ``parts`` (which share one instruction list)."""
+        if any(part.instructions != parts[0].instructions for part in parts):
+            raise ValueError("labelled frames with different instruction lists cannot be joined")
+        fields = ("frames", "success", "task", "episode", "time")
+        return cls(*(torch.cat([getattr(part, name) for part in parts]) for name in fields), parts[0].instructions)
+
     def to(self, device: torch.device | str) -> "LabelledFrames":
         return LabelledFrames(
             self.frames.to(device),

@@ -65,8 +65,13 @@ def train_classifier(
     out: str | Path,
     device: torch.device,
     seed: int = 0,
+    also_evaluate: dict[str, LabelledFrames] | None = None,
+    threshold_on: str = "held_out",
 ) -> dict:
-    """Train, checkpoint, evaluate and save; returns the metrics written to ``out/metrics.json``."""
+    """Train, checkpoint, evaluate and save; returns the metrics written to ``out/metrics.json``
+    (with one entry per ``also_evaluate`` set, e.g. held-out frames replayed in a world model).
+    With ``config.threshold_from`` other than 'fixed', the saved threshold is chosen on the frames
+    named ``threshold_on`` ('held_out' or a key of ``also_evaluate``)."""
     from torch.utils.tensorboard import SummaryWriter
     from tqdm import tqdm
 
@@ -119,13 +124,30 @@ def train_classifier(
     writer.close()
 
     model.eval()
+    chosen_on = choose_threshold(model, config.threshold_from, threshold_on, {"held_out": held_out, **(also_evaluate or {})})
     model.save_pretrained(out / MODEL_SUBFOLDER)
     metrics = {
         "steps": step,
         "threshold": model.threshold,
+        "threshold_chosen_on": chosen_on,
         "conditioning": model.conditioning,
         "train": evaluate(model, train),
         "held_out": evaluate(model, held_out) if held_out is not None and len(held_out) else None,
+        **{name: evaluate(model, frames) for name, frames in (also_evaluate or {}).items()},
     }
     atomic_write_json(out / "metrics.json", metrics)
     return metrics
+
+
+def choose_threshold(model: SuccessClassifier, rule: str, name: str, sets: dict[str, LabelledFrames | None]) -> str:
+    """Set ``model.threshold`` by ``rule`` ('max_f1' or 'youden') on ``sets[name]``; returns what it
+    was chosen on ('fixed' when the rule is 'fixed' or those frames lack a class, with a note)."""
+    if rule == "fixed":
+        return "fixed"
+    data = sets.get(name)
+    labels = data.success.cpu().numpy() if data is not None and len(data) else np.zeros(0, bool)
+    if not labels.any() or labels.all():
+        print(f"train-reward: threshold_from={rule} needs success and failure frames in '{name}'; keeping threshold {model.threshold}")
+        return "fixed"
+    model.threshold = float(suggest_thresholds(predict(model, data), labels)[rule])
+    return f"{rule} on {name}"

@@ -68,6 +68,7 @@ def train(
     reference = copy.deepcopy(policy).eval().requires_grad_(False) if rl.kl_coef > 0 else None
 
     start, history, evaluations = 0, [], []
+    warnings, silent = [], 0  # silent: consecutive GRPO iterations in which every group was filtered out
     checkpoint = latest_checkpoint(out)
     if checkpoint is not None:
         modules = {"policy": policy} | ({"reference": reference} if reference is not None else {})
@@ -183,6 +184,14 @@ def train(
             "rollout/valid_chunks": float(len(samples)),
             "actor/lr": optimizer.param_groups[0]["lr"],
         }
+        group_success = rollout.success_once.view(-1, group_size)
+        metrics["rollout/groups_all_success"] = group_success.all(dim=1).float().mean().item()
+        metrics["rollout/groups_all_fail"] = (~group_success).all(dim=1).float().mean().item()
+        silent = silent + 1 if not ppo and not bool(keep.any()) else 0
+        if silent == SILENT_ITERATIONS:
+            warnings.append({"iteration": iteration + 1, "message": silence_diagnosis(metrics, SILENT_ITERATIONS)})
+            if console:
+                tqdm.write(f"rl: WARNING {warnings[-1]['message']}")
         if hasattr(env, "started_from_keyframe"):  # the imagined env: the share of KIR starts
             metrics["rollout/keyframe_starts"] = env.started_from_keyframe.float().mean().item()
         if used_advantages.numel():
@@ -221,10 +230,25 @@ def train(
 
     policy.eval()
     policy.save_pretrained(out / "policy")
-    results = {"iterations": len(history), "algorithm": rl.algorithm, "history": history, "evaluations": evaluations}
+    results = {"iterations": len(history), "algorithm": rl.algorithm, "history": history, "evaluations": evaluations, "warnings": warnings}
     atomic_write_json(out / "results.json", results)
     atomic_write_text(out / "results.md", results_table(evaluations))
     return results
+
+
+SILENT_ITERATIONS = 5  # GRPO iterations without a single informative group before the run says why
+
+
+def silence_diagnosis(metrics: dict[str, float], iterations: int) -> str:
+    """Why GRPO has had nothing to learn from for ``iterations`` iterations, and what to check."""
+    if metrics["rollout/groups_all_success"] == 1.0:
+        return (f"for {iterations} iterations every rollout of every group succeeded, so GRPO filtered them all and took no step. "
+                "In imagination this usually means the judge fires on world-model frames: read `calibrate-reward --world-model` "
+                "(its false-positive rate on imagined frames), train the judge with `train-reward --world-model`, or raise its threshold")  # fmt: skip
+    if metrics["rollout/groups_all_fail"] == 1.0:
+        return (f"for {iterations} iterations no rollout succeeded, so GRPO filtered every group and took no step: start from a "
+                "stronger base policy, add KIR keyframes nearer success, raise rl.train_temperature or rl.max_steps")  # fmt: skip
+    return f"for {iterations} iterations every group was all-success or all-failure, so GRPO filtered them all and took no step"
 
 
 def group_starts(tasks: list[int | str], num_groups: int, group_size: int, iteration: int, seed: int) -> tuple[list, list[int]]:

@@ -224,10 +224,11 @@ class WorldModel:
         all_actions = self.normalise(torch.cat([self.context_actions, actions], dim=1))  # (N, 13, A)
         channels, _, height, width = self.context.shape[1:]
         shape = (channels, self.chunk_size // vae_lib.TEMPORAL_FACTOR, height, width)
-        noise = torch.stack([torch.randn(shape, generator=g, device=self.device) for g in self.generators])
+        draws = (channels, shape[1] + (1 if self.memory_noise else 0), height, width)  # + the memory's noise
+        noise = torch.stack([torch.randn(draws, generator=g, device=self.device) for g in self.generators])
+        noise, memory_eps = noise[:, :, : shape[1]], noise[:, :, shape[1] :]
         context = self.context
         if self.memory_noise:  # the conditioning only: the clean memory stays in self.context
-            memory_eps = torch.stack([torch.randn(context.shape[1:2] + (1,) + context.shape[3:], generator=g, device=self.device) for g in self.generators])
             memory = (1 - self.memory_noise) * context[:, :, 1:] + self.memory_noise * memory_eps
             context = torch.cat([context[:, :, :1], memory], dim=2)
         new = sample_future(self.dit, context, all_actions, noise, self.sigmas, self.memory_noise)  # (N, C, 2, h, w)
