@@ -105,6 +105,14 @@ def test_saved_classifier_loads_and_scores_the_same(trained):
     scores = judge.score(windows, instructions)
     torch.testing.assert_close(scores, torch.from_numpy(predict(reloaded, held_out)), atol=1e-5, rtol=1e-5)
     assert torch.equal(judge.success(windows, instructions), scores >= 0.5)
+    # It remembers the side of its training frames, and an imagined env with another world-model resolution refuses it.
+    from worldloop.envs.imagined import ImaginedEnv
+    from worldloop.envs.toy import ToyWorldModel
+
+    side = held_out.frames.shape[1]
+    assert judge.image_size == side
+    with pytest.raises(ValueError, match=f"judge reads {side}x{side} frames but the world model renders {2 * side}x{2 * side}"):
+        ImaginedEnv(ToyWorldModel(image_size=2 * side), judge, [], 8, 4)
 
 
 def test_classifier_bad_input_gives_clear_errors(trained):

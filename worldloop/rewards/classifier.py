@@ -6,7 +6,8 @@ alone cannot say which goal counts, so the ``task`` conditioning modulates the p
 features with a learned per-instruction scale and shift (FiLM), initialised to the identity.
 
 A saved classifier is a model folder (``config.json`` + ``model.safetensors``): the instruction
-vocabulary, input size and success threshold travel with the weights.
+vocabulary, input size, success threshold and the side of its training frames (checked against a world
+model's in imagination) travel with the weights.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ class SuccessClassifier(nn.Module):
 
     window = 1
 
-    def __init__(self, instructions: Sequence[str], conditioning: str = "task", input_size: int = 64, threshold: float = 0.5):
+    def __init__(self, instructions: Sequence[str], conditioning: str = "task", input_size: int = 64, threshold: float = 0.5,
+                 image_size: int | None = None):  # fmt: skip
         super().__init__()
         import torchvision
 
@@ -44,6 +46,7 @@ class SuccessClassifier(nn.Module):
         self.conditioning = conditioning
         self.input_size = int(input_size)
         self.threshold = float(threshold)
+        self.image_size = image_size  # side of the frames it was trained on (None: unknown, older folders)
         self.backbone = torchvision.models.resnet18(weights=None)
         self.backbone.fc = nn.Identity()
         if conditioning == "task":
@@ -124,6 +127,7 @@ class SuccessClassifier(nn.Module):
             "conditioning": self.conditioning,
             "input_size": self.input_size,
             "threshold": self.threshold,
+            "image_size": self.image_size,
         }
 
     def save_pretrained(self, folder: str | Path) -> Path:
@@ -136,6 +140,6 @@ class SuccessClassifier(nn.Module):
         if not (folder / "config.json").is_file() and (folder / MODEL_SUBFOLDER / "config.json").is_file():
             folder = folder / MODEL_SUBFOLDER
         config = read_model_config(folder, kind=KIND)
-        model = cls(config["instructions"], config["conditioning"], config["input_size"], config["threshold"])
+        model = cls(config["instructions"], config["conditioning"], config["input_size"], config["threshold"], config.get("image_size"))
         load_weights(folder, model)
         return model.to(device).eval()

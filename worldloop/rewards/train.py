@@ -81,7 +81,7 @@ def train_classifier(
     if train.success.all():
         raise ValueError("training frames: every frame is labelled success; failure frames are needed too")
     torch.manual_seed(seed)
-    model = SuccessClassifier(train.instructions, config.conditioning, config.input_size, config.threshold)
+    model = SuccessClassifier(train.instructions, config.conditioning, config.input_size, config.threshold, int(train.frames.shape[1]))
     if config.pretrained_backbone:
         model.load_backbone(config.pretrained_backbone)
     model.to(device)
