@@ -306,8 +306,8 @@ def train_world_model(
     """Train the action-conditioned DiT on ``train_episodes``; the EMA model is saved to ``out``
     (config.json, model.safetensors, vae/) and returned. ``clips`` ({"latents" (M, C, 4, h, w),
     "actions" (M, 13, A) raw, optionally "previous" (M,) for self-forcing}) replaces the episodes with
-    ready-made latent clips. ``init`` starts
-    from a trained world model's weights and action statistics (fine-tuning, e.g. PACE's WM Evo)."""
+    ready-made latent clips. ``init`` starts from a trained world model's weights and action
+    statistics (fine-tuning, e.g. PACE's WM Evo)."""
     from torch.utils.tensorboard import SummaryWriter
 
     out = Path(out)
@@ -379,9 +379,9 @@ def train_world_model(
             previous = previous_all[index]
             chosen = (torch.rand(batch, device=device, generator=generator) < config.self_forcing) & (previous >= 0)
             if chosen.any():
-                earlier = previous[chosen]
-                start = torch.randn(latents_all[earlier][:, :, 2:].shape, device=device, generator=generator)
-                generated = sample_future(dit, latents_all[earlier][:, :, :2], (actions_all[earlier] - mean_t) / std_t, start, model.sigmas)
+                earlier, earlier_actions = latents_all[previous[chosen]], (actions_all[previous[chosen]] - mean_t) / std_t
+                start = torch.randn(earlier[:, :, 2:].shape, device=device, generator=generator)
+                generated = sample_future(dit, earlier[:, :, :2], earlier_actions, start, model.sigmas)
                 x0 = x0.clone()
                 x0[chosen, :, 1] = generated[:, :, -1]
                 self_forced += int(chosen.sum())
