@@ -16,7 +16,8 @@
 #   and the world model's replays of them, calibrate-reward, the TOPReward path check.
 # Phase 3 (the time left, >= 3 min; starts once the world model is trained): RL in imagination
 #   (scripts/gpu/rl.sh) from the SFT policy whose overall success is nearest 40% (1 or 5 demos), on
-#   the two tasks where it is most improvable among those the judge knows, judged by the trained classifier, with real evaluations before, during and after; beside it,
+#   the two tasks where it is most improvable among those the judge knows, judged by the trained
+#   classifier, with real evaluations before, during and after; beside it,
 #   `calibrate-reward --world-model` judges imagined replays of held-out episodes against the
 #   simulator's labels.
 # $OUT/progress.txt says what finished when; every chain logs to $OUT/<chain>.log.
@@ -24,8 +25,9 @@
 # (150) of training, PRESET, EXTRA (overrides for every verb, e.g. a CPU dry run), EPISODES (50 per task,
 # collection and evaluations), RL_EPISODES (EPISODES: RL's real evaluations per task; the gain is judged
 # in standard errors, so more is better), RL_LR (rl.sh's 1e-5), RL_EVAL_EVERY (10 iterations between RL's real
-# evaluations; the first and the last always run), RL_EXTRA (more rl.* overrides for RL only), SIM_WORKERS (14), BENCH=0 (skip `bench sim` and the
-# GPU benchmarks), EXPERT=0 (skip the expert's evaluation), DEMOS ("1 5 20": the SFT runs of the policy chain).
+# evaluations; the first and the last always run), RL_EXTRA (more rl.* overrides for RL only),
+# SIM_WORKERS (14), BENCH=0 (skip `bench sim` and the GPU benchmarks), EXPERT=0 (skip the expert's
+# evaluation), DEMOS ("1 5 20": the SFT runs of the policy chain).
 # A 64x64 run for the world model and RL: EXTRA="sim.image_size=64 reward.classifier.input_size=64".
 set -uo pipefail
 cd "$(dirname "$0")/../.."

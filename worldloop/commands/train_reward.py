@@ -35,12 +35,15 @@ def run(args: argparse.Namespace, config: Config) -> int:
     save_config(config, args.out)
     instructions = list(dict.fromkeys(task for dataset in datasets for task in dataset.tasks))
 
-    def episodes(part: int):  # every dataset's train (0) or held-out (1) episodes, one after another
+    def read(part: int):  # every dataset's train (0) or held-out (1) episodes, one after another
         return (episode for dataset, split in zip(datasets, splits) for episode in dataset.episodes(list(split[part])))
 
     device = resolve_device(config.device)
-    train = labelled_frames(episodes(0), instructions, settings.max_frames)
-    held_out = labelled_frames(episodes(1), instructions, settings.max_frames) if held_out_ids else None
+    parts = [read(0), read(1)]
+    if args.world_model:  # read once: the real frames and their replays both come from them
+        parts = [list(part) for part in parts]
+    train = labelled_frames(parts[0], instructions, settings.max_frames)
+    held_out = labelled_frames(parts[1], instructions, settings.max_frames) if held_out_ids else None
     also_evaluate = {}
     if args.world_model:
         from worldloop.rewards.agreement import imagined_episodes
@@ -52,7 +55,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
                 raise ValueError(f"--world-model renders {world_model.image_size}px frames, {folder} holds {dataset.image_size}px")
 
         def imagined(part: int) -> LabelledFrames:  # the same episodes replayed open loop, with the real labels
-            replays = imagined_episodes(world_model, list(episodes(part)), settings.batch_size, config.seed + part)
+            replays = imagined_episodes(world_model, parts[part], settings.batch_size, config.seed + part)
             return labelled_frames(replays, instructions, settings.max_frames)
 
         train = LabelledFrames.cat([train, imagined(0)])

@@ -124,7 +124,7 @@ def train_classifier(
     writer.close()
 
     model.eval()
-    chosen_on = choose_threshold(model, config.threshold_from, threshold_on, {"held_out": held_out, **(also_evaluate or {})})
+    chosen_on = choose_threshold(model, config.threshold_from, (also_evaluate or {}).get(threshold_on, held_out), threshold_on)
     model.save_pretrained(out / MODEL_SUBFOLDER)
     metrics = {
         "steps": step,
@@ -139,12 +139,11 @@ def train_classifier(
     return metrics
 
 
-def choose_threshold(model: SuccessClassifier, rule: str, name: str, sets: dict[str, LabelledFrames | None]) -> str:
-    """Set ``model.threshold`` by ``rule`` ('max_f1' or 'youden') on ``sets[name]``; returns what it
-    was chosen on ('fixed' when the rule is 'fixed' or those frames lack a class, with a note)."""
+def choose_threshold(model: SuccessClassifier, rule: str, data: LabelledFrames | None, name: str) -> str:
+    """Set ``model.threshold`` by ``rule`` ('max_f1' or 'youden') on ``data`` (called ``name``); returns
+    what it was chosen on ('fixed' when the rule is 'fixed' or the frames lack a class, with a note)."""
     if rule == "fixed":
         return "fixed"
-    data = sets.get(name)
     labels = data.success.cpu().numpy() if data is not None and len(data) else np.zeros(0, bool)
     if not labels.any() or labels.all():
         print(f"train-reward: threshold_from={rule} needs success and failure frames in '{name}'; keeping threshold {model.threshold}")

@@ -223,10 +223,10 @@ class WorldModel:
             raise ValueError(f"action_chunks must be ({num_envs}, {self.chunk_size}, {self.action_dim}), got {tuple(actions.shape)}")
         all_actions = self.normalise(torch.cat([self.context_actions, actions], dim=1))  # (N, 13, A)
         channels, _, height, width = self.context.shape[1:]
-        shape = (channels, self.chunk_size // vae_lib.TEMPORAL_FACTOR, height, width)
-        draws = (channels, shape[1] + (1 if self.memory_noise else 0), height, width)  # + the memory's noise
+        future = self.chunk_size // vae_lib.TEMPORAL_FACTOR  # new latent frames
+        draws = (channels, future + (1 if self.memory_noise else 0), height, width)  # + the memory's noise
         noise = torch.stack([torch.randn(draws, generator=g, device=self.device) for g in self.generators])
-        noise, memory_eps = noise[:, :, : shape[1]], noise[:, :, shape[1] :]
+        noise, memory_eps = noise[:, :, :future], noise[:, :, future:]
         context = self.context
         if self.memory_noise:  # the conditioning only: the clean memory stays in self.context
             memory = (1 - self.memory_noise) * context[:, :, 1:] + self.memory_noise * memory_eps
