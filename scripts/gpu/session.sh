@@ -14,7 +14,7 @@
 #   world model (scripts/gpu/worldmodel.sh): train-vae, train-wm (small), eval-wm vs copy-last-frame;
 #   rewards (scripts/gpu/rewards.sh), once the world model is trained: train-reward on the real frames
 #   and the world model's replays of them, calibrate-reward, the TOPReward path check.
-# Phase 3 (the time left, >= 3 min; starts once the world model is trained): RL in imagination
+# Phase 3 (the time left, >= 3 min; starts once the judge is trained): RL in imagination
 #   (scripts/gpu/rl.sh) from the SFT policy whose overall success is nearest 40% (1 or 5 demos), on
 #   the two tasks where it is most improvable among those the judge knows, judged by the trained
 #   classifier, with real evaluations before, during and after; beside it,
@@ -84,7 +84,8 @@ while kill -0 "$wm_chain" 2>/dev/null && [ ! -f "$OUT/wm/wm/results.json" ]; do 
 [ -f "$OUT/wm/wm/results.json" ] && JUDGE_WM="$OUT/wm/wm" || JUDGE_WM=""
 (OUT="$OUT/rewards" SKIP_BENCH=1 WORLD_MODEL="$JUDGE_WM" bash scripts/gpu/rewards.sh "$DATA" >"$OUT/rewards.log" 2>&1; mark "rewards chain: exit $?") &
 rewards_chain=$!
-wait "$rewards_chain"
+# RL needs only the trained judge: the chain's calibrations and path checks go on beside it.
+while kill -0 "$rewards_chain" 2>/dev/null && [ ! -f "$OUT/rewards/rw/metrics.json" ]; do sleep 5; done
 # RL needs a base policy too: the 1- and 5-demo evaluations come early in the policy chain.
 while kill -0 "$policy_chain" 2>/dev/null && [ ! -f "$OUT/policy/work/eval-sft-5/results.json" ]; do sleep 5; done
 
