@@ -117,3 +117,33 @@ def test_a_judge_that_always_says_success_is_diagnosed(tmp_path):
     assert [w["iteration"] for w in results["warnings"]] == [5] and "calibrate-reward --world-model" in results["warnings"][0]["message"]
     healthy = train(ToyPolicy(), imagined(16, 8), config(iterations=6, num_groups=2), tmp_path / "healthy", console=False)
     assert healthy["warnings"] == [] and 0.0 <= healthy["history"][-1]["rollout/groups_all_fail"] <= 1.0
+
+
+def test_an_optimistic_imagined_environment_is_diagnosed_once(tmp_path):
+    """Imagined success far above the real one from the same initial states (the fourth H200 session:
+    0.985 vs 0.370): the first evaluation that shows it warns, later ones do not repeat it."""
+    from worldloop.rl.trainer import OPTIMISTIC
+
+    torch.manual_seed(0)
+    episodes = 32
+    always = ImaginedEnv(ToyWorldModel(), ToyJudge(radius=10.0), make_pool(32, 3), episodes, 1, max_steps=16, kir_ratio=0.0)
+    check = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=always)
+    results = train(ToyPolicy(), imagined(16, 8), config(iterations=2, num_groups=2, eval_every=1), tmp_path / "run", reality_check=check, console=False)
+    first = results["evaluations"][0]
+    assert first["imagined"]["success_once"] == 1.0 and first["real"]["success_once"] < 0.5, first
+    optimistic = [w for w in results["warnings"] if w["message"].startswith(OPTIMISTIC)]
+    assert len(results["evaluations"]) == 3 and [w["iteration"] for w in optimistic] == [0]
+
+
+def test_reality_check_writes_real_next_to_imagined_videos(tmp_path):
+    from worldloop.data.video import read_mp4
+
+    episodes = 6
+    check = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=imagined(episodes, 1), video_dir=tmp_path, videos_per_task=2)
+    result = check(ToyPolicy(), "iteration_0003")
+    assert "imagined" in result
+    videos = sorted(p.name for p in tmp_path.glob("*.mp4"))
+    assert videos == [f"iteration_0003_{TASK}_00.mp4", f"iteration_0003_{TASK}_01.mp4"]
+    frames = read_mp4(tmp_path / videos[0])
+    assert frames.shape[1:] == (32, 64, 3)  # real | imagined, 32x32 each
+    assert 1 <= len(frames) <= 16 // 4  # one frame per chunk, up to the episode's end

@@ -5,6 +5,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import json
+import math
 import shutil
 
 import pytest
@@ -133,6 +134,21 @@ def test_evaluate_writes_metrics_and_strips(vae, tmp_path):
     assert row["episodes"] == 2 and row["copy_last_frame_psnr"] > 0 and metrics["lpips"].startswith("unavailable")
     assert (tmp_path / "eval" / "episode_00_strip.png").is_file() and (tmp_path / "eval" / "episode_00_real_vs_generated.mp4").is_file()
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["rollout_frames_per_second"] > 0
+
+
+def test_horizon_metrics_margin_stderr_is_over_episodes():
+    from worldloop.worldmodel.evaluate import horizon_metrics
+
+    # 3 episodes of 4 frames; the model's frames are off by 0, 10 and 20 grey levels, copy-last-frame by 30.
+    real = torch.full((3, 4, 16, 16, 3), 100, dtype=torch.uint8)
+    generated = real + torch.tensor([0, 10, 20], dtype=torch.uint8).view(3, 1, 1, 1, 1)
+    baseline = real + 30
+    valid = torch.ones(3, 4, dtype=torch.bool)
+    row = horizon_metrics(real, generated, baseline, valid, [4])["4"]
+    copy_db = 20 * math.log10(255 / 30)
+    margins = torch.tensor([100.0 - copy_db, 20 * math.log10(255 / 10) - copy_db, 20 * math.log10(255 / 20) - copy_db])  # PSNR of an exact frame: 100 dB
+    assert row["psnr_margin_stderr"] == pytest.approx(float(margins.std() / math.sqrt(3)), rel=1e-4)
+    assert row["ssim_margin_stderr"] >= 0
 
 
 def test_time_limited_budget_warms_up_decays_and_counts_resumed_seconds(monkeypatch):

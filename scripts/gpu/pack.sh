@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # Pack what a GPU session produced so far into one small archive that the device tool can bring back
 # (it returns at most 8 files): logs, tables, metrics, configs, plots, TensorBoard events and a few
-# videos; no model weights, datasets or caches.
+# videos; no model weights, datasets (LeRobot videos/observation.* of any collected folder) or caches.
 #   bash scripts/gpu/pack.sh RESULTS_DIR ARCHIVE.tgz [MAX_VIDEOS]
 set -uo pipefail
 root=${1:?usage: pack.sh RESULTS_DIR ARCHIVE.tgz [MAX_VIDEOS]}
 archive=${2:?usage: pack.sh RESULTS_DIR ARCHIVE.tgz [MAX_VIDEOS]}
-max_videos=${3:-12}
+max_videos=${3:-24}
 cd "$root" || exit 1
 list=$(mktemp)
-find . \( -path ./dataset -o -path '*/reward-data' -o -name .cache -o -name checkpoints -o -name 'qwen3-vl-tiny' \) -prune -o -type f \
+find . \( -path ./dataset -o -path '*/reward-data' -o -path '*/videos/observation.*' -o -name .cache -o -name checkpoints -o -name 'qwen3-vl-tiny' \) -prune -o -type f \
   \( -name '*.json' -o -name '*.md' -o -name '*.txt' -o -name '*.log' -o -name '*.png' -o -name '*.yaml' -o -name 'events.out.tfevents*' \) \
-  -size -4M -print >"$list"
-# Videos: the world model's side-by-side clips first, then the rest, each under 1 MB.
-find . \( -path ./dataset -o -name .cache \) -prune -o -type f -name '*.mp4' -size -1M -print | sort -t/ -k2,2r | head -n "$max_videos" >>"$list"
+  -size -4096k -print >"$list"
+# Videos: the world model's side-by-side clips first, then the rest, each under 1 MB (find's -size -1M
+# would mean "0 MB", as it rounds sizes up to whole units).
+find . \( -path ./dataset -o -path '*/videos/observation.*' -o -name .cache \) -prune -o -type f -name '*.mp4' -size -1024k -print | sort -t/ -k2,2r | head -n "$max_videos" >>"$list"
 tar czf "$archive" -T "$list"
 if [ "$(stat -c %s "$archive")" -gt 15000000 ]; then  # the device tool brings back files up to 16 MB
   grep -v -e '\.mp4$' -e tfevents "$list" >"$list.small"

@@ -10,6 +10,7 @@
 # success_hold_steps = 0, a reward dataset (20 episodes per task, success_hold_steps=10) is collected
 # into $OUT/reward-data first (~1 min).
 # WORLD_MODEL: a world-model folder whose open-loop replays join the classifier's training frames.
+# MORE_DATA: more dataset folders (e.g. a policy's rollouts, its failures above all) the classifier trains on.
 # Steps (each time-bounded; ~4-5 min in all on the H200): [collect] -> train-reward -> calibrate-reward (held-out
 # episodes) -> TOPReward path check with a tiny random Qwen3-VL folder -> TOPReward throughput at
 # Qwen3-VL-8B dimensions (random weights, bf16) at batch 8/32/64 -> table.
@@ -42,7 +43,7 @@ fi
 
 # 400 s: decoding ~55k frames took ~2 minutes on the H200 host while other jobs read the same dataset.
 # With WORLD_MODEL (a train-wm folder), the classifier also learns from that model's replays of the training episodes.
-step train-reward 400 $WL train-reward --preset $PRESET --dataset "$DATASET" --out "$OUT/rw" ${WORLD_MODEL:+--world-model "$WORLD_MODEL"} $EXTRA
+step train-reward 400 $WL train-reward --preset $PRESET --dataset "$DATASET" ${MORE_DATA:-} --out "$OUT/rw" ${WORLD_MODEL:+--world-model "$WORLD_MODEL"} $EXTRA
 step calibrate-classifier 60 $WL calibrate-reward --preset $PRESET --judge "$OUT/rw" --dataset "$DATASET" --out "$OUT/calibrate-classifier" --split held_out $EXTRA
 
 # The TOPReward path end to end on this host's transformers, with a tiny random Qwen3-VL folder

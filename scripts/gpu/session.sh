@@ -11,6 +11,9 @@
 #   to the GPU benchmarks so that the simulator does not starve their kernel launches.
 # Phase 2 (~12 min), three chains on the dataset:
 #   policy (scripts/gpu/policy.sh): expert eval, SFT with 1/5/20 demos per task, 50-episode evals;
+#   with BASE_ROLLOUTS=N, once SFT-1 is trained: N real rollouts per task of it (sampled at T=1) into
+#   $OUT/rollouts-base, which the world model and the judge learn from too (WoVR's WM Base: they see
+#   how the policy to improve really fails, not only the expert's noisy episodes);
 #   world model (scripts/gpu/worldmodel.sh): train-vae, train-wm (small), eval-wm vs copy-last-frame;
 #   rewards (scripts/gpu/rewards.sh), once the world model is trained: train-reward on the real frames
 #   and the world model's replays of them, calibrate-reward, the TOPReward path check.
@@ -27,7 +30,8 @@
 # in standard errors, so more is better), RL_LR (rl.sh's 1e-5), RL_EVAL_EVERY (10 iterations between RL's real
 # evaluations; the first and the last always run), RL_EXTRA (more rl.* overrides for RL only),
 # SIM_WORKERS (14), BENCH=0 (skip `bench sim` and the GPU benchmarks), EXPERT=0 (skip the expert's
-# evaluation), DEMOS ("1 5 20": the SFT runs of the policy chain).
+# evaluation), DEMOS ("1 5 20": the SFT runs of the policy chain; BASE_ROLLOUTS needs 1 among them),
+# BASE_ROLLOUTS (0: none; rollouts per task of SFT-1 for the world model and the judge).
 # A 64x64 run for the world model and RL: EXTRA="sim.image_size=64 reward.classifier.input_size=64".
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -76,13 +80,24 @@ if [ ! -f "$DATA/meta/info.json" ]; then mark "no dataset: stopping"; exit 1; fi
 # ---------------------------------------------------------------------------- phase 2
 (OUT="$OUT/policy" EPISODES=$EPISODES bash scripts/gpu/policy.sh "$DATA" >"$OUT/policy.log" 2>&1; mark "policy chain: exit $?") &
 policy_chain=$!
-(OUT="$OUT/wm" SKIP_BENCH=1 EXTRA="${EXTRA:-device=cuda}" bash scripts/gpu/worldmodel.sh "$DATA" >"$OUT/wm.log" 2>&1; mark "world-model chain: exit $?") &
+MORE_DATA=""
+if [ "${BASE_ROLLOUTS:-0}" -gt 0 ]; then
+  MORE_DATA="$OUT/rollouts-base"
+  (
+    while kill -0 "$policy_chain" 2>/dev/null && [ ! -f "$OUT/policy/work/sft-1/sft_results.json" ]; do sleep 5; done
+    timeout 300 "${WL[@]}" collect --preset "$PRESET" --out "$MORE_DATA" --policy "$OUT/policy/work/sft-1" --episodes-per-task "$BASE_ROLLOUTS" \
+      --no-progress sim.num_workers=$SIM_WORKERS eval.greedy=false eval.temperature=1.0 "${EXTRA_ARGS[@]}" >"$OUT/rollouts.log" 2>&1
+    mark "base-policy rollouts: exit $?"
+  ) &
+fi
+(OUT="$OUT/wm" SKIP_BENCH=1 MORE_DATA="$MORE_DATA" EXTRA="${EXTRA:-device=cuda}" bash scripts/gpu/worldmodel.sh "$DATA" >"$OUT/wm.log" 2>&1; mark "world-model chain: exit $?") &
 wm_chain=$!
 # The judge learns from the world model's replays too, so it starts once the world model is trained (its
 # evaluations may still run): the VAE and the DiT then have the GPU to themselves, but for the short SFT.
 while kill -0 "$wm_chain" 2>/dev/null && [ ! -f "$OUT/wm/wm/results.json" ]; do sleep 5; done
 [ -f "$OUT/wm/wm/results.json" ] && JUDGE_WM="$OUT/wm/wm" || JUDGE_WM=""
-(OUT="$OUT/rewards" SKIP_BENCH=1 WORLD_MODEL="$JUDGE_WM" bash scripts/gpu/rewards.sh "$DATA" >"$OUT/rewards.log" 2>&1; mark "rewards chain: exit $?") &
+[ -f "$MORE_DATA/summary.json" ] || MORE_DATA=""
+(OUT="$OUT/rewards" SKIP_BENCH=1 WORLD_MODEL="$JUDGE_WM" MORE_DATA="$MORE_DATA" bash scripts/gpu/rewards.sh "$DATA" >"$OUT/rewards.log" 2>&1; mark "rewards chain: exit $?") &
 rewards_chain=$!
 # RL needs only the trained judge: the chain's calibrations and path checks go on beside it.
 while kill -0 "$rewards_chain" 2>/dev/null && [ ! -f "$OUT/rewards/rw/metrics.json" ]; do sleep 5; done
@@ -117,10 +132,15 @@ if [ -z "$choice" ]; then mark "no base policy: stopping"; wait; exit 1; fi
 if [ ! -f "$OUT/rewards/rw/model/config.json" ] || [ ! -f "$OUT/wm/wm/config.json" ]; then
   mark "no judge or no world model (see rewards.log, wm.log): skipping RL"; wait; exit 1
 fi
-# Beside RL: the judge on the world model's replays of held-out episodes, against the simulator's labels.
-(timeout 300 "${WL[@]}" calibrate-reward --preset "$PRESET" --judge "$OUT/rewards/rw" --dataset "$DATA" --split held_out \
-  --world-model "$OUT/wm/wm" --out "$OUT/rewards/judge-in-imagination" reward.calibrate.max_episodes=64 "${EXTRA_ARGS[@]}" \
-  >"$OUT/judge_in_imagination.log" 2>&1; mark "judge in imagination: exit $?") &
+# Beside RL: the judge on the world model's replays of held-out episodes, against the simulator's labels
+# (and on the base policy's held-out rollouts: the failures RL would learn to exploit).
+(for SOURCE in "$DATA" $MORE_DATA; do
+   NAME=judge-in-imagination; [ "$SOURCE" = "$DATA" ] || NAME="judge-in-imagination-$(basename "$SOURCE")"
+   timeout 300 "${WL[@]}" calibrate-reward --preset "$PRESET" --judge "$OUT/rewards/rw" --dataset "$SOURCE" --split held_out \
+     --world-model "$OUT/wm/wm" --out "$OUT/rewards/$NAME" reward.calibrate.max_episodes=64 "${EXTRA_ARGS[@]}" \
+     >>"$OUT/judge_in_imagination.log" 2>&1
+   mark "$NAME: exit $?"
+ done) &
 read -r POLICY TASKS <<< "$choice"
 MINUTES=$(( (DEADLINE_MIN * 60 - SECONDS) / 60 - 4 )); [ "$MINUTES" -lt 3 ] && MINUTES=3
 mark "rl: base $POLICY on $TASKS for $MINUTES min"

@@ -5,7 +5,9 @@
 #   DATASET_DIR: a Meta-World dataset written by `worldloop collect` (64x64 or 128x128).
 # Env knobs: VAE_SECONDS (150), WM_SECONDS (240), SKIP_BENCH=1, PRESET (metaworld-gpu), EXTRA (overrides),
 # EVAL_MEMORY_NOISE ("": extra eval-wm runs, one per world_model.memory_noise level, e.g. "0.1 0.2"),
-# PY (python with worldloop importable).
+# MORE_DATA (more dataset folders, e.g. a policy's rollouts: the world model trains on them too and
+# eval-wm replays their held-out episodes as well; each is waited for, MORE_DATA_WAIT_S = 300 s at most,
+# until its collection wrote summary.json), PY (python with worldloop importable).
 # Run from the repository root after `source scripts/gpu/setup.sh .whl .whl2` (diffusers + av importable).
 # Wall time: ~4 min VAE, ~5.5 min WM (clip encoding + 240 s), ~1 min eval, up to 7 min bench.
 set -euo pipefail
@@ -27,13 +29,24 @@ COMMON=(--preset "${PRESET:-metaworld-gpu}" "${EXTRA[@]}")
 timeout $((VAE_SECONDS + 240)) $PY -m worldloop train-vae --dataset "$DATA" --out "$OUT/vae" "${COMMON[@]}" \
   vae.spatial_downsamples=$DOWN vae.time_limit_s=$VAE_SECONDS 2>&1 | grep -v "it/s]" | tail -20 | tee -a "$OUT/log.txt"
 
-# 2. world model (small preset)
-timeout $((WM_SECONDS + 300)) $PY -m worldloop train-wm --dataset "$DATA" --vae "$OUT/vae" --out "$OUT/wm" "${COMMON[@]}" \
+# 2. world model (small preset) on DATASET and the MORE_DATA folders that are ready
+DATASETS=("$DATA")
+for MORE in ${MORE_DATA:-}; do
+  for _ in $(seq $((${MORE_DATA_WAIT_S:-300} / 5))); do [ -f "$MORE/summary.json" ] && break; sleep 5; done
+  if [ -f "$MORE/summary.json" ]; then DATASETS+=("$MORE"); else echo "$MORE is not collected: training without it" | tee -a "$OUT/log.txt"; fi
+done
+timeout $((WM_SECONDS + 300)) $PY -m worldloop train-wm --dataset "${DATASETS[@]}" --vae "$OUT/vae" --out "$OUT/wm" "${COMMON[@]}" \
   world_model.time_limit_s=$WM_SECONDS 2>&1 | grep -v "it/s]" | tail -12 | tee -a "$OUT/log.txt"
 
 # 3. open-loop evaluation on held-out episodes
 timeout 300 $PY -m worldloop eval-wm --world-model "$OUT/wm" --dataset "$DATA" --out "$OUT/eval" "${COMMON[@]}" \
   2>&1 | tail -3 | tee -a "$OUT/log.txt" || echo "eval-wm failed" | tee -a "$OUT/log.txt"
+
+# 3a. the same on the held-out episodes of the other datasets (a policy's rollouts: does the model follow its actions?)
+for MORE in "${DATASETS[@]:1}"; do
+  timeout 300 $PY -m worldloop eval-wm --world-model "$OUT/wm" --dataset "$MORE" --out "$OUT/eval-$(basename "$MORE")" "${COMMON[@]}" \
+    2>&1 | tail -3 | tee -a "$OUT/log.txt" || echo "eval-wm on $MORE failed" | tee -a "$OUT/log.txt"
+done
 
 # 3b. the same with the memory latent noised at every rollout step (world_model.memory_noise), per level
 for LEVEL in ${EVAL_MEMORY_NOISE:-}; do
@@ -66,15 +79,16 @@ def wm():
 def ev(folder="eval"):
     m = json.loads((out / folder / "metrics.json").read_text())
     print(f"{folder} (memory_noise {m['sampling'].get('memory_noise', 0.0)}):")
-    print(f"{'horizon':>7} {'eps':>4} {'PSNR':>7} {'copy':>7} {'SSIM':>7} {'copy':>7}  beats copy-last-frame?")
+    print(f"{'horizon':>7} {'eps':>4} {'PSNR':>7} {'copy':>7} {'margin SE':>9} {'SSIM':>7} {'copy':>7} {'margin SE':>9}  beats copy-last-frame?")
     for h, r in m["horizons"].items():
         ok = r["psnr"] > r["copy_last_frame_psnr"] and r["ssim"] > r["copy_last_frame_ssim"]
-        print(f"{h:>7} {r['episodes']:>4} {r['psnr']:7.2f} {r['copy_last_frame_psnr']:7.2f} {r['ssim']:7.4f} {r['copy_last_frame_ssim']:7.4f}  {'yes' if ok else 'NO'}")
+        print(f"{h:>7} {r['episodes']:>4} {r['psnr']:7.2f} {r['copy_last_frame_psnr']:7.2f} {r.get('psnr_margin_stderr', float('nan')):9.2f} "
+              f"{r['ssim']:7.4f} {r['copy_last_frame_ssim']:7.4f} {r.get('ssim_margin_stderr', float('nan')):9.4f}  {'yes' if ok else 'NO'}")
     print(f"rollout {m['rollout_frames_per_second']:.1f} frames/s with {m['num_envs']} envs; LPIPS/FID/FVD: {m['lpips']}")
 def bench():
     print((out / "bench_wm.txt").read_text())
 for name, fn in (("vae", vae), ("wm", wm), ("eval", ev), ("bench", bench)):
     section(name, fn)
-for folder in sorted(p.name for p in out.glob("eval-memory-noise-*")):
+for folder in sorted(p.name for p in out.glob("eval-*")):
     section(folder, lambda: ev(folder))
 PYEOF

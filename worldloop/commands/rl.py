@@ -14,7 +14,8 @@ of the groups, from the KIR keyframes in --keyframes (written by `worldloop kir`
 --env real: GRPO straight in the real simulator (the baseline that spends real trajectories).
 Every rl.eval_every iterations the policy is evaluated in the real simulator on rl.eval_tasks and,
 from the same initial states, in imagination (the imagination-reality gap). RUN holds config.yaml,
-tb/ (TensorBoard), checkpoints/ (rerun to resume), results.json, results.md and policy/ (final).
+tb/ (TensorBoard), checkpoints/ (rerun to resume), results.json, results.md, policy/ (final) and
+videos/ (real | imagined from the same initial state at each evaluation).
 Example: worldloop rl --policy runs/sft --world-model runs/wm --judge runs/rw --dataset runs/data \\
          --keyframes runs/data/keyframes --out runs/rl rl.iterations=50"""
 
@@ -42,6 +43,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
     elif args.keyframes or args.dataset:
         raise ConfigError("--keyframes and --dataset have no use with --env real (the simulator starts from its own initial states); "
                           "--world-model and --judge, when given, measure the imagination-reality gap")
+
+    from pathlib import Path
 
     import torch
 
@@ -107,7 +110,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
                 horizon = -(-config.sim.max_steps // world_model.chunk_size) * world_model.chunk_size
                 gap_env = imagined_env(config, world_model, judge, dataset, None, count, 1, horizon, device, kir_ratio=0.0)
             seeds = [eval_seed(task, e, config.eval.seed_offset) for task in eval_tasks for e in range(rl.eval_episodes_per_task)]
-            check = RealityCheck(real_env, eval_tasks, rl.eval_episodes_per_task, gap_env, seeds, config.eval.temperature, config.eval.greedy)
+            check = RealityCheck(real_env, eval_tasks, rl.eval_episodes_per_task, gap_env, seeds, config.eval.temperature, config.eval.greedy,
+                                 video_dir=Path(args.out) / "videos", videos_per_task=rl.eval_videos_per_task)  # fmt: skip
 
         results = train(policy, env, rl, args.out, seed=config.seed, tasks=tasks, reality_check=check, progress_bar=not args.no_progress)
     finally:

@@ -65,6 +65,9 @@ class RLConfig:
     """Tasks of the periodic real evaluation; empty: the tasks that RL trains on."""
     eval_episodes_per_task: int = 4
     """Real (and imagined) evaluation episodes per task at each evaluation."""
+    eval_videos_per_task: int = 1
+    """Real | imagined mp4s per task at each evaluation (one frame per chunk, the same initial state),
+    written to OUT/videos/iteration_<i>_<task>_<n>.mp4; 0: none."""
     time_limit_min: float = 0.0
     """Wall-clock budget of the training loop in minutes: past it, the current iteration is the last
     (final evaluation, checkpoint and policy as usual); 0: no limit."""
@@ -102,8 +105,8 @@ class RLConfig:
             raise ValueError("entropy_coef, kl_coef and value_coef must be >= 0")
         if not (0 < self.gamma <= 1 and 0 <= self.gae_lambda <= 1):
             raise ValueError("0 < gamma <= 1 and 0 <= gae_lambda <= 1 are required")
-        if self.eval_every < 0 or self.eval_episodes_per_task < 0 or self.checkpoint_every < 1 or self.keep_checkpoints < 1:
-            raise ValueError("eval_every >= 0, eval_episodes_per_task >= 0, checkpoint_every >= 1 and keep_checkpoints >= 1 are required")
+        if self.eval_every < 0 or self.eval_episodes_per_task < 0 or self.eval_videos_per_task < 0 or self.checkpoint_every < 1 or self.keep_checkpoints < 1:
+            raise ValueError("eval_every >= 0, eval_episodes_per_task >= 0, eval_videos_per_task >= 0, checkpoint_every >= 1 and keep_checkpoints >= 1 are required")
         if self.kir_lead_frames < 0 or self.kir_max_per_episode < 1:
             raise ValueError("kir_lead_frames >= 0 and kir_max_per_episode >= 1 are required")
         if self.kir_failure_episodes_per_task < 0 or self.kir_failure_stride < 1:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -134,7 +135,8 @@ class RealityCheck:
     ``real_env`` has one environment per evaluation episode (tasks x episodes_per_task, task-major);
     ``seeds`` (default: 10**6 + 1000 * task position + episode) are the same at every evaluation,
     so every evaluation sees the same initial states. ``imagined_env`` (optional) must have as many
-    environments and accept ``reset_to``."""
+    environments and accept ``reset_to``. With both and ``video_dir``, the first ``videos_per_task``
+    episodes of each task are written as real | imagined mp4s, one frame per chunk."""
 
     def __init__(
         self,
@@ -145,6 +147,8 @@ class RealityCheck:
         seeds: Sequence[int] | None = None,
         temperature: float = 1.0,
         greedy: bool = False,
+        video_dir: str | Path | None = None,
+        videos_per_task: int = 0,
     ):
         count = len(tasks) * episodes_per_task
         if real_env.num_envs != count:
@@ -158,8 +162,10 @@ class RealityCheck:
         if len(self.seeds) != count:
             raise ValueError(f"RealityCheck got {len(self.seeds)} seeds for {count} episodes")
         self.temperature, self.greedy = temperature, greedy
+        self.video_dir, self.videos_per_task = (Path(video_dir) if video_dir is not None else None), videos_per_task
 
-    def __call__(self, policy: Any) -> dict[str, Any]:
+    def __call__(self, policy: Any, tag: str = "eval") -> dict[str, Any]:
+        """Real and imagined success of ``policy``; ``tag`` names this evaluation's videos."""
         first = self.real_env.reset(self.task_of_episode, self.seeds)
         real = collect(policy, self.real_env, first, self.temperature, self.greedy)
         result = {"real": summarize(real.success_once, self.task_of_episode)}
@@ -169,4 +175,29 @@ class RealityCheck:
             result["imagined"] = summarize(imagined.success_once, self.task_of_episode)
             agree = (imagined.success_once == real.success_once).float().mean()
             result["agreement"] = float(agree)
+            if self.video_dir is not None and self.videos_per_task > 0:
+                self._write_videos(real, imagined, tag)
         return result
+
+    def _write_videos(self, real: Rollout, imagined: Rollout, tag: str) -> None:
+        from worldloop.data.video import write_mp4
+        from worldloop.utils.draw import caption, side_by_side
+
+        written: dict[str, int] = {}
+        for i, task in enumerate(self.task_of_episode):
+            number = written.get(task, 0)
+            if number >= self.videos_per_task:
+                continue
+            written[task] = number + 1
+            video = side_by_side(
+                caption(episode_frames(real, i), "real", bool(real.success_once[i])),
+                caption(episode_frames(imagined, i), "imagined", bool(imagined.success_once[i])),
+            )
+            write_mp4(self.video_dir / f"{tag}_{task}_{number:02d}.mp4", video, fps=4)
+
+
+def episode_frames(rollout: Rollout, index: int) -> torch.Tensor:
+    """(n, H, W, 3) uint8 on the CPU: the observations episode ``index`` acted on, up to its end."""
+    ended = rollout.done[index].nonzero()
+    chunks = int(ended[0]) + 1 if len(ended) else rollout.done.shape[1]
+    return rollout.images[index, :chunks].cpu()

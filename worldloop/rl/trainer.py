@@ -45,7 +45,7 @@ def train(
     out: str | Path,
     seed: int = 0,
     tasks: list[int | str] | None = None,
-    reality_check: Callable[[Any], dict[str, Any]] | None = None,
+    reality_check: Callable[[Any, str], dict[str, Any]] | None = None,
     console: bool = True,
     progress_bar: bool = True,
 ) -> dict[str, Any]:
@@ -79,7 +79,7 @@ def train(
     def evaluate(iteration: int) -> None:
         began = time.perf_counter()
         policy.eval()
-        result = reality_check(policy) | {"iteration": iteration}
+        result = reality_check(policy, f"iteration_{iteration:04d}") | {"iteration": iteration}
         evaluations.append(result)
         writer.add_scalar("eval/success_once", result["real"]["success_once"], iteration)
         writer.add_scalar("eval/success_once_stderr", result["real"]["stderr"], iteration)
@@ -91,6 +91,11 @@ def train(
             writer.add_scalar("eval/imagination_gap", result["imagined"]["success_once"] - result["real"]["success_once"], iteration)
             writer.add_scalar("eval/agreement", result["agreement"], iteration)
             line += f" | imagined {_rate(result['imagined'])} | agreement {result['agreement']:.2f}"
+            gap = optimism_diagnosis(result)
+            if gap and not any(w["message"].startswith(OPTIMISTIC) for w in warnings):  # once per run
+                warnings.append({"iteration": iteration, "message": gap})
+                if console:
+                    tqdm.write(f"rl: WARNING {gap}")
         writer.add_scalar("time/eval", time.perf_counter() - began, iteration)
         if console:
             tqdm.write(line)
@@ -237,6 +242,7 @@ def train(
 
 
 SILENT_ITERATIONS = 5  # GRPO iterations without a single informative group before the run says why
+OPTIMISTIC = "the imagined environment is optimistic"
 
 
 def silence_diagnosis(metrics: dict[str, float], iterations: int) -> str:
@@ -249,6 +255,19 @@ def silence_diagnosis(metrics: dict[str, float], iterations: int) -> str:
         return (f"for {iterations} iterations no rollout succeeded, so GRPO filtered every group and took no step: start from a "
                 "stronger base policy, add KIR keyframes nearer success, raise rl.train_temperature or rl.max_steps")  # fmt: skip
     return f"for {iterations} iterations every group was all-success or all-failure, so GRPO filtered them all and took no step"
+
+
+def optimism_diagnosis(result: dict[str, Any], margin: float = 0.2) -> str:
+    """A warning when, from the same initial states, the imagined success exceeds the real one by more
+    than ``margin`` and 3 standard errors: the reward RL maximises then pays for failures."""
+    real, imagined = result["real"], result["imagined"]
+    gap = imagined["success_once"] - real["success_once"]
+    if gap <= margin or gap <= 3 * math.hypot(real["stderr"], imagined["stderr"]):
+        return ""
+    return (f"{OPTIMISTIC}: from the same initial states it says {imagined['success_once']:.2f}, the real "
+            f"simulator {real['success_once']:.2f}, so RL is paid for failures. Watch the real | imagined videos (OUT/videos) to see "
+            "whether the world model moves the scene without the policy doing it (train it on the policy's own rollouts too) "
+            "or the judge passes failures (`calibrate-reward --world-model` on those rollouts)")  # fmt: skip
 
 
 def group_starts(tasks: list[int | str], num_groups: int, group_size: int, iteration: int, seed: int) -> tuple[list, list[int]]:

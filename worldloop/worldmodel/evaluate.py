@@ -3,7 +3,8 @@
 Every held-out episode starts from its real first frame; the world model then replays the recorded
 actions chunk by chunk with no real frame ever fed back. Generated frame k is compared with real
 frame k. Per horizon h the metrics average frames 1..h over the episodes at least h + 1 frames long,
-next to the copy-last-frame baseline (every prediction = the last real frame the model saw, o_0).
+next to the copy-last-frame baseline (every prediction = the last real frame the model saw, o_0),
+with the standard error of the model's margin over the episodes (the margins are paired: same frames).
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def open_loop(model: WorldModel, episodes: Sequence[Any], horizon: int, seed: in
 
 
 def horizon_metrics(real: torch.Tensor, generated: torch.Tensor, baseline: torch.Tensor, valid: torch.Tensor, horizons: Sequence[int]) -> dict[str, Any]:
-    """PSNR/SSIM averaged over frames 1..h, per horizon, for the model and copy-last-frame."""
+    """PSNR/SSIM averaged over frames 1..h, per horizon, for the model and copy-last-frame, and the
+    standard error over episodes of the model's margin (model - copy, each episode's mean over 1..h)."""
     model_psnr, model_ssim = psnr(generated, real), ssim(generated, real)  # (N, T)
     base_psnr, base_ssim = psnr(baseline, real), ssim(baseline, real)
     results = {}
@@ -70,10 +72,14 @@ def horizon_metrics(real: torch.Tensor, generated: torch.Tensor, baseline: torch
         def mean(values: torch.Tensor) -> float:
             return float((values[episodes, :h] * mask).sum() / mask.sum())
 
+        def margin_stderr(model: torch.Tensor, copy: torch.Tensor) -> float:
+            per_episode = ((model - copy)[episodes, :h] * mask).sum(1) / mask.sum(1)
+            return float(per_episode.std() / math.sqrt(len(per_episode))) if len(per_episode) > 1 else float("nan")
+
         results[str(h)] = {
             "episodes": int(episodes.sum()),
-            "psnr": mean(model_psnr), "copy_last_frame_psnr": mean(base_psnr),
-            "ssim": mean(model_ssim), "copy_last_frame_ssim": mean(base_ssim),
+            "psnr": mean(model_psnr), "copy_last_frame_psnr": mean(base_psnr), "psnr_margin_stderr": margin_stderr(model_psnr, base_psnr),
+            "ssim": mean(model_ssim), "copy_last_frame_ssim": mean(base_ssim), "ssim_margin_stderr": margin_stderr(model_ssim, base_ssim),
             "psnr_at_h": float(model_psnr[episodes, h - 1].mean()), "copy_last_frame_psnr_at_h": float(base_psnr[episodes, h - 1].mean()),
         }  # fmt: skip
     return results
