@@ -52,6 +52,8 @@ def test_loop_runs_every_stage_resumes_and_reports(tmp_path, capsys):
     stages = [s.name for s in plan(config, run, Inputs())[0]]
     assert sorted(p.stem for p in (run / STAGES_DIR).glob("*.json")) == sorted(stages)
     assert (run / "rl2" / "policy" / "model.safetensors").is_file()
+    rollouts = json.loads((run / "rollouts_base" / "summary.json").read_text())["overall"]
+    assert rollouts["episodes"] > 0 and rollouts["noisy"]["episodes"] == 0  # a policy's rollouts are not a noisy expert's
 
     results = json.loads((run / "results.json").read_text())
     text = report.read_text()

@@ -100,6 +100,37 @@ def test_reward_termination_truncation_and_per_env_counters():
     assert (step.frames[0] == step.frames[0, :1]).all()
 
 
+class ScriptedJudge:
+    """Says success per env and chunk as scripted: verdicts (chunks, N)."""
+
+    window, threshold, image_size = 1, 0.5, 32
+
+    def __init__(self, verdicts: list[list[bool]]):
+        self.verdicts, self.calls = torch.tensor(verdicts), 0
+
+    def success(self, windows: torch.Tensor, instructions: list[str]) -> torch.Tensor:
+        self.calls += 1
+        return self.verdicts[self.calls - 1]
+
+
+def test_success_must_hold_for_success_chunks_consecutive_chunks():
+    # env 0: judged a success at chunks 1 and 2; env 1: at chunks 0 and 2 (isolated verdicts)
+    verdicts = [[False, True], [True, False], [True, True], [False, False]]
+    outcomes = {}
+    for needed in (1, 2):
+        env = ImaginedEnv(ToyWorldModel(), ScriptedJudge(verdicts), make_pool(), 2, 2, max_steps=16, kir_ratio=0.0, success_chunks=needed)
+        env.reset([0, 0], [0, 0])
+        steps = [env.step(torch.zeros(2, K, 2)) for _ in range(4)]
+        outcomes[needed] = ([s.success.any(dim=1).tolist() for s in steps], [s.reward.tolist() for s in steps], steps[-1].truncated.tolist())
+    first_verdict = [[False, True], [True, False], [False, False], [False, False]]
+    assert outcomes[1][0] == first_verdict and outcomes[1][1][1] == [5.0, 0.0]
+    confirmed = [[False, False], [False, False], [True, False], [False, False]]
+    assert outcomes[2][0] == confirmed  # env 0 at the second verdict in a row; env 1's verdicts never follow each other
+    assert outcomes[2][1][2] == [5.0, 0.0] and sum(r[1] for r in outcomes[2][1]) == 0.0 and outcomes[2][2] == [False, True]
+    with pytest.raises(ValueError, match="success_chunks"):
+        ImaginedEnv(ToyWorldModel(), ToyJudge(), make_pool(), 8, 4, success_chunks=0)
+
+
 def test_bad_input_gives_clear_errors():
     with pytest.raises(ValueError, match="judge reads 64x64 frames but the world model renders 32x32"):
         ImaginedEnv(ToyWorldModel(image_size=32), ToyJudge(image_size=64), make_pool(), 8, 4)

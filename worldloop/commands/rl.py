@@ -141,7 +141,8 @@ def imagined_env(config: Config, world_model, judge, dataset, keyframes: str | N
     if keyframes:
         pools.append(initial_states_from_keyframes(keyframes))
     ratio = config.rl.kir_ratio if kir_ratio is None else kir_ratio
-    return ImaginedEnv(world_model, judge, InitialStates.concat(*pools), num_envs, group_size, max_steps, config.rl.reward_scale, ratio, device)
+    return ImaginedEnv(world_model, judge, InitialStates.concat(*pools), num_envs, group_size, max_steps, config.rl.reward_scale, ratio, device,
+                       success_chunks=config.rl.success_chunks)  # fmt: skip
 
 
 def instruction_of(task: str) -> str:

@@ -180,7 +180,9 @@ def collect(
         if others:
             raise ConfigError(f"{out} holds episodes collected by policy {', '.join(others)}; collect with --policy {policy_name} into another folder")
         done_keys = writer.completed_keys()
-        plan = collection_plan(tasks, n_per_task, config.collect.noisy_fraction, config.seed)
+        # the expert's noise plan means nothing to a policy: none of its episodes is a noisy expert's
+        noisy_fraction = config.collect.noisy_fraction if policy_name == "expert" else 0.0
+        plan = collection_plan(tasks, n_per_task, noisy_fraction, config.seed)
         todo = [p for p in plan if p.key not in done_keys]
         if max_episodes is not None:
             todo = todo[:max_episodes]

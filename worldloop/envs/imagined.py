@@ -5,8 +5,9 @@ behind the same vectorised, chunked protocol as the real simulators (DIAMOND's W
   (GRPO's group shares it): an episode's first frame, or, with probability ``kir_ratio``, a KIR
   keyframe with its memory frames and its episode's first frame as the anchor.
 - ``step(chunks)``: the world model renders the chunk's K frames; the judge reads the latest
-  ``judge.window`` frames and says success; the reward is r = c (R_t - R_{t-1}) with R the
-  judge's success; success terminates, ``max_steps`` truncates. Per-env step counters; finished
+  ``judge.window`` frames and says success; an episode succeeds once the judge has said so at the
+  end of ``success_chunks`` consecutive chunks (1: its first verdict); the reward is
+  r = c (R_t - R_{t-1}) with R that success; success terminates, ``max_steps`` truncates. Per-env step counters; finished
   envs repeat their last frame. One batched call of each model per step, no per-env Python loops.
 """
 
@@ -130,6 +131,7 @@ class ImaginedEnv:
         reward_scale: float = 5.0,
         kir_ratio: float = 0.5,
         device: str | torch.device = "cpu",
+        success_chunks: int = 1,
     ):
         image_size = int(world_model.image_size)
         judge_size = getattr(judge, "image_size", None)
@@ -140,18 +142,22 @@ class ImaginedEnv:
             raise ValueError(f"initial states are {pool_size} frames but the world model renders {image_size}x{image_size}")
         if num_envs % group_size != 0:
             raise ValueError(f"num_envs={num_envs} must be a multiple of group_size={group_size}")
+        if success_chunks < 1:
+            raise ValueError(f"success_chunks must be >= 1, got {success_chunks}")
         if max_steps % world_model.chunk_size != 0:
             raise ValueError(f"max_steps={max_steps} must be a multiple of the world model's chunk size {world_model.chunk_size}")
         self.world_model, self.judge, self.pool = world_model, judge, initial_states
         self.num_envs, self.group_size, self.max_steps = num_envs, group_size, max_steps
         self.chunk_size, self.action_dim, self.image_size = int(world_model.chunk_size), int(world_model.action_dim), image_size
         self.reward_scale, self.kir_ratio, self.device = reward_scale, kir_ratio, torch.device(device)
+        self.success_chunks = success_chunks
         self.task_names = sorted(set(initial_states.instructions))
         """The tasks are the instructions of the initial-state pool."""
         self.instructions: list[str] = []
         self._elapsed = torch.zeros(num_envs, dtype=torch.long, device=self.device)
         self._done = torch.zeros(num_envs, dtype=torch.bool, device=self.device)
         self._success_before = torch.zeros(num_envs, device=self.device)
+        self._streak = torch.zeros(num_envs, dtype=torch.long, device=self.device)  # consecutive chunks judged a success
         self._history = torch.zeros(num_envs, judge.window, image_size, image_size, 3, dtype=torch.uint8, device=self.device)
         self.started_from_keyframe = torch.zeros(num_envs, dtype=torch.bool)
         """(N,) whether each current episode started from a KIR keyframe."""
@@ -204,6 +210,7 @@ class ImaginedEnv:
         self._elapsed.zero_()
         self._done.zero_()
         self._success_before.zero_()
+        self._streak.zero_()
         self.instructions = instructions
         return EnvReset(current, list(instructions), None)
 
@@ -234,7 +241,9 @@ class ImaginedEnv:
         frames = torch.where(active[:, None, None, None, None], frames, last.expand_as(frames))
         self._history = torch.cat([self._history, frames], dim=1)[:, -self.judge.window :]
 
-        success_now = self.judge.success(self._history, self.instructions).to(self.device).bool() & active  # (N,)
+        judged = self.judge.success(self._history, self.instructions).to(self.device).bool() & active  # (N,)
+        self._streak = torch.where(judged, self._streak + 1, 0)
+        success_now = self._streak >= self.success_chunks
         reward = self.reward_scale * (success_now.float() - self._success_before) * active
         self._success_before = torch.maximum(self._success_before, success_now.float())
 

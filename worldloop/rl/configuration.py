@@ -22,6 +22,9 @@ class RLConfig:
     """Episode length limit in actions for the imagined environment (truncation); the real simulator keeps sim.max_steps."""
     reward_scale: float = 5.0
     """c in the chunk reward r = c * (R_t - R_{t-1}), R the judge's success (0 or 1)."""
+    success_chunks: int = 1
+    """An imagined episode succeeds once the judge has said success at the end of this many consecutive
+    chunks; 1: its first verdict (WoVR). 2 costs a chunk of delay and ignores a one-chunk false positive."""
     kir_ratio: float = 0.5
     """Fraction of imagined initial states drawn from KIR keyframes (the rest are episodes' first frames); 0 without keyframes."""
     train_temperature: float = 1.6
@@ -89,6 +92,8 @@ class RLConfig:
             raise ValueError("iterations >= 0, group_size >= 1, num_groups >= 1 and max_steps >= 1 are required")
         if self.algorithm == "grpo" and self.group_size < 2:
             raise ValueError(f"GRPO needs group_size >= 2 to compare rollouts, got {self.group_size}")
+        if self.success_chunks < 1:
+            raise ValueError(f"success_chunks must be >= 1, got {self.success_chunks}")
         if not 0.0 <= self.kir_ratio <= 1.0:
             raise ValueError(f"kir_ratio must lie in [0, 1], got {self.kir_ratio}")
         if self.train_temperature <= 0:
