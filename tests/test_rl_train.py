@@ -52,6 +52,9 @@ def test_rl_in_imagination_raises_real_success(tmp_path):
     assert (run / "policy" / "model.safetensors").is_file() and any((run / "tb").iterdir())
     assert json.loads((run / "results.json").read_text())["evaluations"][-1]["real"] == after["real"]
     assert "| 30 |" in (run / "results.md").read_text()
+    from PIL import Image
+
+    assert Image.open(run / "curves.png").size[0] > 600  # evaluations and training curves side by side
 
 
 def _run(folder, iterations):

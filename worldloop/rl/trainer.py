@@ -32,6 +32,7 @@ from tqdm import tqdm
 from worldloop.envs.protocol import VecEnv
 from worldloop.rl.advantages import explained_variance, gae, grpo_advantages, informative_groups, loss_mask, sample_weights, trajectory_scores
 from worldloop.rl.configuration import RLConfig
+from worldloop.rl.curves import plot_curves
 from worldloop.rl.losses import clipped_policy_loss, clipped_value_loss, entropy_bonus, kl_penalty
 from worldloop.rl.rollout import autocast, check_compatible, collect, policy_device
 from worldloop.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -238,6 +239,7 @@ def train(
     results = {"iterations": len(history), "algorithm": rl.algorithm, "history": history, "evaluations": evaluations, "warnings": warnings}
     atomic_write_json(out / "results.json", results)
     atomic_write_text(out / "results.md", results_table(evaluations))
+    plot_curves(results, out / "curves.png")
     return results
 
 
