@@ -121,7 +121,8 @@ def test_success_must_hold_for_success_chunks_consecutive_chunks():
         env = ImaginedEnv(ToyWorldModel(), ScriptedJudge(verdicts), make_pool(), 2, 2, max_steps=16, kir_ratio=0.0, success_chunks=needed)
         env.reset([0, 0], [0, 0])
         steps = [env.step(torch.zeros(2, K, 2)) for _ in range(4)]
-        outcomes[needed] = ([s.success.any(dim=1).tolist() for s in steps], [s.reward.tolist() for s in steps], steps[-1].truncated.tolist())
+        successes, rewards = [s.success.any(dim=1).tolist() for s in steps], [s.reward.tolist() for s in steps]
+        outcomes[needed] = (successes, rewards, steps[-1].truncated.tolist())
     first_verdict = [[False, True], [True, False], [False, False], [False, False]]
     assert outcomes[1][0] == first_verdict and outcomes[1][1][1] == [5.0, 0.0]
     confirmed = [[False, False], [False, False], [True, False], [False, False]]

@@ -131,7 +131,8 @@ def test_an_optimistic_imagined_environment_is_diagnosed_once(tmp_path):
     episodes = 32
     always = ImaginedEnv(ToyWorldModel(), ToyJudge(radius=10.0), make_pool(32, 3), episodes, 1, max_steps=16, kir_ratio=0.0)
     check = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=always)
-    results = train(ToyPolicy(), imagined(16, 8), config(iterations=2, num_groups=2, eval_every=1), tmp_path / "run", reality_check=check, console=False)
+    rl = config(iterations=2, num_groups=2, eval_every=1)
+    results = train(ToyPolicy(), imagined(16, 8), rl, tmp_path / "run", reality_check=check, console=False)
     first = results["evaluations"][0]
     assert first["imagined"]["success_once"] == 1.0 and first["real"]["success_once"] < 0.5, first
     optimistic = [w for w in results["warnings"] if w["message"].startswith(OPTIMISTIC)]

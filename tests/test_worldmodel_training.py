@@ -146,7 +146,8 @@ def test_horizon_metrics_margin_stderr_is_over_episodes():
     valid = torch.ones(3, 4, dtype=torch.bool)
     row = horizon_metrics(real, generated, baseline, valid, [4])["4"]
     copy_db = 20 * math.log10(255 / 30)
-    margins = torch.tensor([100.0 - copy_db, 20 * math.log10(255 / 10) - copy_db, 20 * math.log10(255 / 20) - copy_db])  # PSNR of an exact frame: 100 dB
+    exact_db = 100.0  # psnr's ceiling: an exact frame
+    margins = torch.tensor([exact_db - copy_db, 20 * math.log10(255 / 10) - copy_db, 20 * math.log10(255 / 20) - copy_db])
     assert row["psnr_margin_stderr"] == pytest.approx(float(margins.std() / math.sqrt(3)), rel=1e-4)
     assert row["ssim_margin_stderr"] >= 0
 

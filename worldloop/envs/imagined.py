@@ -7,8 +7,9 @@ behind the same vectorised, chunked protocol as the real simulators (DIAMOND's W
 - ``step(chunks)``: the world model renders the chunk's K frames; the judge reads the latest
   ``judge.window`` frames and says success; an episode succeeds once the judge has said so at the
   end of ``success_chunks`` consecutive chunks (1: its first verdict); the reward is
-  r = c (R_t - R_{t-1}) with R that success; success terminates, ``max_steps`` truncates. Per-env step counters; finished
-  envs repeat their last frame. One batched call of each model per step, no per-env Python loops.
+  r = c (R_t - R_{t-1}) with R that success; success terminates, ``max_steps`` truncates.
+  Per-env step counters; finished envs repeat their last frame. One batched call of each model per
+  step, no per-env Python loops.
 """
 
 from __future__ import annotations

@@ -110,8 +110,10 @@ class RLConfig:
             raise ValueError("entropy_coef, kl_coef and value_coef must be >= 0")
         if not (0 < self.gamma <= 1 and 0 <= self.gae_lambda <= 1):
             raise ValueError("0 < gamma <= 1 and 0 <= gae_lambda <= 1 are required")
-        if self.eval_every < 0 or self.eval_episodes_per_task < 0 or self.eval_videos_per_task < 0 or self.checkpoint_every < 1 or self.keep_checkpoints < 1:
-            raise ValueError("eval_every >= 0, eval_episodes_per_task >= 0, eval_videos_per_task >= 0, checkpoint_every >= 1 and keep_checkpoints >= 1 are required")
+        if min(self.eval_every, self.eval_episodes_per_task, self.eval_videos_per_task) < 0:
+            raise ValueError("eval_every, eval_episodes_per_task and eval_videos_per_task must be >= 0")
+        if self.checkpoint_every < 1 or self.keep_checkpoints < 1:
+            raise ValueError("checkpoint_every >= 1 and keep_checkpoints >= 1 are required")
         if self.kir_lead_frames < 0 or self.kir_max_per_episode < 1:
             raise ValueError("kir_lead_frames >= 0 and kir_max_per_episode >= 1 are required")
         if self.kir_failure_episodes_per_task < 0 or self.kir_failure_stride < 1:

@@ -28,7 +28,8 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> Path:
         left.errorbar(iterations, [r["success_once"] for r in real], yerr=[r["stderr"] for r in real], fmt="o-", color=colour, capsize=2,
                       label=f"{task}: real (n={real[0]['episodes']})")  # fmt: skip
         if all("imagined" in e for e in evaluations):
-            left.plot(iterations, [e["imagined"]["per_task"][task]["success_once"] for e in evaluations], "s--", color=colour, label=f"{task}: imagined")
+            imagined = [e["imagined"]["per_task"][task]["success_once"] for e in evaluations]
+            left.plot(iterations, imagined, "s--", color=colour, label=f"{task}: imagined")
     left.set(xlabel="RL iteration", ylabel="success_once", ylim=(-0.03, 1.03), title="evaluations")
     if tasks:
         left.legend(fontsize=7)
