@@ -98,6 +98,10 @@ def test_bad_input_gives_clear_errors(tmp_path):
         train(ToyPolicy(), imagined(16, 8), config(), tmp_path / "y", console=False)
     with pytest.raises(ValueError, match="group_size >= 2"):
         RLConfig(group_size=1).validate()
+    with pytest.raises(ValueError, match="eval_videos_per_task"):
+        RLConfig(eval_videos_per_task=-1).validate()
+    with pytest.raises(ValueError, match="success_chunks"):
+        RLConfig(success_chunks=0).validate()
 
 
 def test_rl_command_refuses_incomplete_input(tmp_path, capsys):

@@ -6,8 +6,8 @@ alone cannot say which goal counts, so the ``task`` conditioning modulates the p
 features with a learned per-instruction scale and shift (FiLM), initialised to the identity.
 
 A saved classifier is a model folder (``config.json`` + ``model.safetensors``): the instruction
-vocabulary, input size, success threshold and the side of its training frames (checked against a world
-model's in imagination) travel with the weights.
+vocabulary, input size, success threshold and the side length of its training frames (checked against
+a world model's in imagination) travel with the weights.
 """
 
 from __future__ import annotations
