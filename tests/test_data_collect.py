@@ -15,7 +15,7 @@ import pytest
 
 from worldloop.cli import main
 from worldloop.config import load_config, load_saved_config
-from worldloop.data.collect import collect, collection_plan, expert_driver
+from worldloop.data.collect import collect, collection_plan, expert_driver, format_summary, summarize
 from worldloop.data.dataset import TrajectoryDataset
 
 # One quick task, two chunks per episode at most: these tests are about bookkeeping, not skill.
@@ -129,3 +129,12 @@ def test_plan_is_deterministic_prefix_stable_and_spreads_noisy_episodes():
     assert collection_plan(["push-v3"], 5, 0.4, seed=7) == [p for p in five if p.task == "push-v3"]  # seeds ignore other tasks
     assert [p.noisy for p in ten if p.task == "reach-v3"] == [False, False, True, False, True] * 2
     assert len({p.seed for p in ten}) == len(ten) and collection_plan(tasks, 5, 0.4, seed=8)[0].seed != five[0].seed
+
+
+def test_summary_of_a_policys_rollouts_is_strict_json():
+    rows = [{"worldloop/task": "reach-v3", "tasks": ["reach"], "worldloop/success": s, "length": n} for s, n in ((True, 40), (False, 200))]
+    summary = summarize(rows)
+    text = json.dumps(summary, allow_nan=False)  # no NaN for the empty noisy split: jq and browsers reject it
+    assert json.loads(text)["overall"]["noisy"] == {"episodes": 0, "success_rate": None, "stderr": None, "mean_length": None}
+    assert summary["overall"]["clean"]["success_rate"] == 0.5 and summary["tasks"]["reach-v3"]["mean_length"] == 120.0
+    assert "-" in format_summary(summary).splitlines()[2]  # the empty split prints as a dash

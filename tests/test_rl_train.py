@@ -143,6 +143,22 @@ def test_an_optimistic_imagined_environment_is_diagnosed_once(tmp_path):
     assert len(results["evaluations"]) == 3 and [w["iteration"] for w in optimistic] == [0]
 
 
+def test_a_pessimistic_imagined_environment_is_diagnosed(tmp_path):
+    """Imagined success far below the real one (the fifth H200 session: 0.015 vs 0.370): a judge that never
+    fires in imagination warns with the other direction's advice."""
+    from worldloop.rl.trainer import OPTIMISTIC, PESSIMISTIC
+
+    torch.manual_seed(0)
+    episodes = 64
+    never = ImaginedEnv(ToyWorldModel(), ToyJudge(radius=-1.0), make_pool(32, 3), episodes, 1, max_steps=16, kir_ratio=0.0)
+    check = RealityCheck(ToyEnv(episodes, radius=0.5), [TASK], episodes, imagined_env=never)  # an easy real task
+    results = train(ToyPolicy(), imagined(16, 8), config(iterations=1, num_groups=2, eval_every=1), tmp_path / "run", reality_check=check, console=False)
+    first = results["evaluations"][0]
+    assert first["imagined"]["success_once"] == 0.0 and first["real"]["success_once"] > 0.4, first
+    assert [w["message"].split(":")[0] for w in results["warnings"]] == [PESSIMISTIC]
+    assert "success_chunks" in results["warnings"][0]["message"] and not results["warnings"][0]["message"].startswith(OPTIMISTIC)
+
+
 def test_reality_check_writes_real_next_to_imagined_videos(tmp_path):
     from worldloop.data.video import read_mp4
 

@@ -132,6 +132,7 @@ def test_evaluate_writes_metrics_and_strips(vae, tmp_path):
     assert sorted(metrics["horizons"]) == ["16", "8"] and metrics["skipped_horizons"] == [64]
     row = metrics["horizons"]["8"]
     assert row["episodes"] == 2 and row["copy_last_frame_psnr"] > 0 and metrics["lpips"].startswith("unavailable")
+    assert row["action_delta_psnr"] == pytest.approx(row["psnr"] - row["psnr_other_actions"])  # the other-actions replay ran
     assert (tmp_path / "eval" / "episode_00_strip.png").is_file() and (tmp_path / "eval" / "episode_00_real_vs_generated.mp4").is_file()
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["rollout_frames_per_second"] > 0
 
@@ -150,6 +151,51 @@ def test_horizon_metrics_margin_stderr_is_over_episodes():
     margins = torch.tensor([exact_db - copy_db, 20 * math.log10(255 / 10) - copy_db, 20 * math.log10(255 / 20) - copy_db])
     assert row["psnr_margin_stderr"] == pytest.approx(float(margins.std() / math.sqrt(3)), rel=1e-4)
     assert row["ssim_margin_stderr"] >= 0
+
+
+class SquarePhysics:
+    """The square episodes' true dynamics as a world model (``blind``: one that ignores the actions)."""
+
+    chunk_size, device, side = 4, torch.device("cpu"), 8
+
+    def __init__(self, blind: bool = False):
+        self.blind = blind
+
+    def reset(self, first_frames: torch.Tensor, seeds=None) -> None:
+        square = first_frames[..., 0] == 230  # (N, H, W)
+        self.size = first_frames.shape[1]
+        self.position = torch.stack([square.any(2).float().argmax(1), square.any(1).float().argmax(1)], 1).float()  # top-left (y, x)
+
+    def step(self, chunks: torch.Tensor) -> torch.Tensor:
+        frames = []
+        for k in range(chunks.shape[1]):
+            if not self.blind:
+                self.position = (self.position + 2 * chunks[:, k, :2]).clamp(0, self.size - self.side)
+            frame = torch.full((len(chunks), self.size, self.size, 3), 30, dtype=torch.uint8)
+            for i, (y, x) in enumerate(self.position.long().tolist()):
+                frame[i, y : y + self.side, x : x + self.side] = torch.tensor([230, 200, 40], dtype=torch.uint8)
+            frames.append(frame)
+        return torch.stack(frames, 1)
+
+
+def test_action_delta_psnr_tells_a_model_that_follows_actions_from_one_that_ignores_them():
+    from worldloop.worldmodel.evaluate import horizon_metrics, open_loop
+
+    episodes = square_episodes(6, seed=5, length=17)
+    others = episodes[1:] + episodes[:1]
+    first = torch.stack([torch.as_tensor(e.frames[0]) for e in episodes])
+    rows = {}
+    for blind in (False, True):
+        real, generated, valid, _ = open_loop(SquarePhysics(blind), episodes, 16)
+        _, other, _, _ = open_loop(SquarePhysics(blind), episodes, 16, actions_of=others)
+        if not blind:
+            assert torch.equal(generated, real)  # the true dynamics replay the episode exactly
+        rows[blind] = horizon_metrics(real, generated, first[:, None].expand_as(real), valid, [16], other)["16"]
+    follows, ignores = rows[False], rows[True]
+    assert follows["action_delta_psnr"] > 10 and follows["action_delta_psnr"] > 3 * follows["action_delta_psnr_stderr"]
+    assert ignores["action_delta_psnr"] == 0 and ignores["psnr_other_actions"] == ignores["psnr"]
+    with pytest.raises(ValueError, match="5 action sequences for 6 episodes"):
+        open_loop(SquarePhysics(), episodes, 16, actions_of=others[:5])
 
 
 def test_time_limited_budget_warms_up_decays_and_counts_resumed_seconds(monkeypatch):

@@ -67,6 +67,11 @@ if len(evals) >= 2:
         d = b["success_once"] - a["success_once"]
         s = math.hypot(a["stderr"], b["stderr"]) or float("nan")
         print(f"  {task}: {a['success_once']:.3f} -> {b['success_once']:.3f} ({d:+.3f}, {d / s:+.1f} SE)")
+    if "imagined" in evals[0] and "imagined" in evals[-1]:  # issue 6 asks for both to rise
+        first, last = evals[0]["imagined"], evals[-1]["imagined"]
+        gain = last["success_once"] - first["success_once"]
+        se = math.hypot(first["stderr"], last["stderr"]) or float("nan")
+        print(f"imagined success_once, same initial states: {first['success_once']:.3f} -> {last['success_once']:.3f} ({gain:+.3f}, {gain / se:+.1f} standard errors)")
 history = results["history"]
 if history:
     h0, h1 = history[0], history[-1]

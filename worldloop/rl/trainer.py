@@ -92,8 +92,8 @@ def train(
             writer.add_scalar("eval/imagination_gap", result["imagined"]["success_once"] - result["real"]["success_once"], iteration)
             writer.add_scalar("eval/agreement", result["agreement"], iteration)
             line += f" | imagined {_rate(result['imagined'])} | agreement {result['agreement']:.2f}"
-            gap = optimism_diagnosis(result)
-            if gap and not any(w["message"].startswith(OPTIMISTIC) for w in warnings):  # once per run
+            gap = imagination_gap_diagnosis(result)
+            if gap and not any(w["message"].startswith(gap.split(":")[0]) for w in warnings):  # once per run and direction
                 warnings.append({"iteration": iteration, "message": gap})
                 if console:
                     tqdm.write(f"rl: WARNING {gap}")
@@ -245,6 +245,7 @@ def train(
 
 SILENT_ITERATIONS = 5  # GRPO iterations without a single informative group before the run says why
 OPTIMISTIC = "the imagined environment is optimistic"
+PESSIMISTIC = "the imagined environment is pessimistic"
 
 
 def silence_diagnosis(metrics: dict[str, float], iterations: int) -> str:
@@ -259,17 +260,23 @@ def silence_diagnosis(metrics: dict[str, float], iterations: int) -> str:
     return f"for {iterations} iterations every group was all-success or all-failure, so GRPO filtered them all and took no step"
 
 
-def optimism_diagnosis(result: dict[str, Any], margin: float = 0.2) -> str:
-    """A warning when, from the same initial states, the imagined success exceeds the real one by more
-    than ``margin`` and 3 standard errors: the reward RL maximises then pays for failures."""
+def imagination_gap_diagnosis(result: dict[str, Any], margin: float = 0.2) -> str:
+    """A warning when, from the same initial states, the imagined success differs from the real one by
+    more than ``margin`` and 3 standard errors. Optimistic: the reward RL maximises pays for failures.
+    Pessimistic: RL rarely sees the successes it should reinforce."""
     real, imagined = result["real"], result["imagined"]
     gap = imagined["success_once"] - real["success_once"]
-    if gap <= margin or gap <= 3 * math.hypot(real["stderr"], imagined["stderr"]):
+    if abs(gap) <= margin or abs(gap) <= 3 * math.hypot(real["stderr"], imagined["stderr"]):
         return ""
-    return (f"{OPTIMISTIC}: from the same initial states it says {imagined['success_once']:.2f}, the real "
-            f"simulator {real['success_once']:.2f}, so RL is paid for failures. Watch the real | imagined videos (OUT/videos) to see "
-            "whether the world model moves the scene without the policy doing it (train it on the policy's own rollouts too) "
-            "or the judge passes failures (`calibrate-reward --world-model` on those rollouts)")  # fmt: skip
+    says = f"from the same initial states it says {imagined['success_once']:.2f}, the real simulator {real['success_once']:.2f}"
+    if gap > 0:
+        return (f"{OPTIMISTIC}: {says}, so RL is paid for failures. Watch the real | imagined videos (OUT/videos) to see "
+                "whether the world model moves the scene without the policy doing it (train it on the policy's own rollouts too) "
+                "or the judge passes failures (`calibrate-reward --world-model` on those rollouts)")  # fmt: skip
+    return (f"{PESSIMISTIC}: {says}, so RL rarely sees the successes it should reinforce. Watch the real | imagined videos "
+            "(OUT/videos) to see whether the world model loses the scene (`eval-wm` against copy-last-frame, on the policy's "
+            "rollouts too) or the judge misses imagined successes (its recall on imagined frames in `calibrate-reward "
+            "--world-model`; rl.success_chunks > 1 asks more of it)")  # fmt: skip
 
 
 def group_starts(tasks: list[int | str], num_groups: int, group_size: int, iteration: int, seed: int) -> tuple[list, list[int]]:

@@ -5,6 +5,12 @@ actions chunk by chunk with no real frame ever fed back. Generated frame k is co
 frame k. Per horizon h the metrics average frames 1..h over the episodes at least h + 1 frames long,
 next to the copy-last-frame baseline (every prediction = the last real frame the model saw, o_0),
 with the standard error of the model's margin over the episodes (the margins are paired: same frames).
+
+Does the model follow the actions? The same episodes are rolled out a second time from the same first
+frames and seeds, driven by the next held-out episode's actions instead of their own. The PSNR lost
+(Genie's controllability ΔPSNR) says how much the actions decide what the model renders: near 0, it
+plays the task's usual motion whatever the policy does, and an imagined rollout succeeds as often as the
+data did. Models of the same data compare; across datasets the actions differ by more or less.
 """
 
 from __future__ import annotations
@@ -23,8 +29,11 @@ from worldloop.worldmodel.rollout import WorldModel
 
 
 @torch.no_grad()
-def open_loop(model: WorldModel, episodes: Sequence[Any], horizon: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
-    """Roll all ``episodes`` out together for ``horizon`` frames.
+def open_loop(
+    model: WorldModel, episodes: Sequence[Any], horizon: int, seed: int = 0, actions_of: Sequence[Any] | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """Roll all ``episodes`` out together for ``horizon`` frames, driven by the recorded actions of
+    ``actions_of`` (default: the episodes themselves; one per episode).
 
     Returns real (N, horizon, H, W, 3), generated (N, horizon, H, W, 3) (frames 1..horizon), a
     validity mask (N, horizon) (the episode has that frame) and the rollout's new frames per second."""
@@ -32,9 +41,12 @@ def open_loop(model: WorldModel, episodes: Sequence[Any], horizon: int, seed: in
     chunks = math.ceil(horizon / chunk)
     length = chunks * chunk
     first = torch.stack([torch.as_tensor(np.asarray(e.frames[0])) for e in episodes])
+    actions_of = episodes if actions_of is None else actions_of
+    if len(actions_of) != len(episodes):
+        raise ValueError(f"open_loop: {len(actions_of)} action sequences for {len(episodes)} episodes")
     real, actions, valid = [], [], []
-    for e in episodes:
-        frames, acts = np.asarray(e.frames), np.asarray(e.actions, dtype=np.float32)
+    for e, driver in zip(episodes, actions_of):
+        frames, acts = np.asarray(e.frames), np.asarray(driver.actions, dtype=np.float32)
         have = min(len(frames) - 1, length)
         pad_frames = np.repeat(frames[-1:], length - have, axis=0)
         real.append(np.concatenate([frames[1 : 1 + have], pad_frames])[:length])
@@ -57,11 +69,17 @@ def open_loop(model: WorldModel, episodes: Sequence[Any], horizon: int, seed: in
     return real_t[:, :horizon], torch.cat(generated, dim=1).cpu()[:, :horizon], torch.as_tensor(np.stack(valid))[:, :horizon], fps
 
 
-def horizon_metrics(real: torch.Tensor, generated: torch.Tensor, baseline: torch.Tensor, valid: torch.Tensor, horizons: Sequence[int]) -> dict[str, Any]:
+def horizon_metrics(
+    real: torch.Tensor, generated: torch.Tensor, baseline: torch.Tensor, valid: torch.Tensor, horizons: Sequence[int],
+    other_actions: torch.Tensor | None = None,
+) -> dict[str, Any]:
     """PSNR/SSIM averaged over frames 1..h, per horizon, for the model and copy-last-frame, and the
-    standard error over episodes of the model's margin (model - copy, each episode's mean over 1..h)."""
+    standard error over episodes of the model's margin (model - copy, each episode's mean over 1..h).
+    With ``other_actions`` (the model's frames under other episodes' actions): their PSNR and the
+    action ΔPSNR (model - other actions) with its standard error over episodes."""
     model_psnr, model_ssim = psnr(generated, real), ssim(generated, real)  # (N, T)
     base_psnr, base_ssim = psnr(baseline, real), ssim(baseline, real)
+    other_psnr = psnr(other_actions, real) if other_actions is not None else None
     results = {}
     for h in horizons:
         episodes = valid[:, h - 1]  # episodes that have frame h
@@ -82,6 +100,9 @@ def horizon_metrics(real: torch.Tensor, generated: torch.Tensor, baseline: torch
             "ssim": mean(model_ssim), "copy_last_frame_ssim": mean(base_ssim), "ssim_margin_stderr": margin_stderr(model_ssim, base_ssim),
             "psnr_at_h": float(model_psnr[episodes, h - 1].mean()), "copy_last_frame_psnr_at_h": float(base_psnr[episodes, h - 1].mean()),
         }  # fmt: skip
+        if other_psnr is not None:
+            results[str(h)] |= {"psnr_other_actions": mean(other_psnr), "action_delta_psnr": mean(model_psnr) - mean(other_psnr),
+                                "action_delta_psnr_stderr": margin_stderr(model_psnr, other_psnr)}  # fmt: skip
     return results
 
 
@@ -112,8 +133,11 @@ def evaluate_world_model(model: WorldModel, episodes: Sequence[Any], horizons: S
     real, generated, valid, rollout_fps = open_loop(model, episodes, max(usable), seed)
     first = torch.stack([torch.as_tensor(np.asarray(e.frames[0])) for e in episodes])
     baseline = first[:, None].expand_as(real)
+    other = None
+    if len(episodes) > 1:  # the same starts and seeds, each driven by the next episode's actions
+        _, other, _, _ = open_loop(model, episodes, max(usable), seed, actions_of=list(episodes[1:]) + [episodes[0]])
     metrics: dict[str, Any] = {
-        "horizons": horizon_metrics(real, generated, baseline, valid, usable),
+        "horizons": horizon_metrics(real, generated, baseline, valid, usable, other),
         "skipped_horizons": skipped,
         **feature_metrics_status(),
         "rollout_frames_per_second": rollout_fps,
