@@ -105,6 +105,15 @@ def test_saved_classifier_loads_and_scores_the_same(trained):
     scores = judge.score(windows, instructions)
     torch.testing.assert_close(scores, torch.from_numpy(predict(reloaded, held_out)), atol=1e-5, rtol=1e-5)
     assert torch.equal(judge.success(windows, instructions), scores >= 0.5)
+    # RL can move its threshold without retraining it (rl.judge_threshold); null keeps the saved one.
+    from worldloop.commands.rl import load_rl_judge
+    from worldloop.config import load_config
+
+    assert load_rl_judge(str(out), "cpu", load_config("micro")).threshold == 0.5
+    moved = load_rl_judge(str(out), "cpu", load_config("micro", ["rl.judge_threshold=0.9"]))
+    assert moved.threshold == 0.9 and torch.equal(moved.success(windows, instructions), scores >= 0.9)
+    with pytest.raises(ValueError, match="judge_threshold is a probability"):
+        load_config("micro", ["rl.judge_threshold=1.5"])
     # It remembers the side of its training frames, and an imagined env with another world-model resolution refuses it.
     from worldloop.envs.imagined import ImaginedEnv
     from worldloop.envs.toy import ToyWorldModel

@@ -71,9 +71,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
             world_model = WorldModel.from_pretrained(args.world_model, device)
         if args.judge:
-            from worldloop.rewards.protocol import load_judge
-
-            judge = load_judge(args.judge, device, config.reward)
+            judge = load_rl_judge(args.judge, device, config)
         if args.dataset:
             from worldloop.data.dataset import TrajectoryDataset
 
@@ -123,6 +121,17 @@ def run(args: argparse.Namespace, config: Config) -> int:
     print(results_table(results["evaluations"]), end="")
     print(f"final policy: {args.out}/policy; curves: tensorboard --logdir {args.out}/tb")
     return 0
+
+
+def load_rl_judge(spec: str, device, config: Config):
+    """The judge of ``spec``, deciding success at rl.judge_threshold when that is set."""
+    from worldloop.rewards.protocol import load_judge
+
+    judge = load_judge(spec, device, config.reward)
+    if config.rl.judge_threshold is not None:
+        print(f"judge {spec}: threshold {config.rl.judge_threshold} (rl.judge_threshold) in place of its own {judge.threshold:.3f}")
+        judge.threshold = config.rl.judge_threshold
+    return judge
 
 
 def imagined_env(config: Config, world_model, judge, dataset, keyframes: str | None, num_envs: int, group_size: int, max_steps: int, device, kir_ratio: float | None = None):

@@ -25,6 +25,10 @@ class RLConfig:
     success_chunks: int = 1
     """An imagined episode succeeds once the judge has said success at the end of this many consecutive
     chunks; 1: its first verdict (WoVR). 2 costs a chunk of delay and ignores a one-chunk false positive."""
+    judge_threshold: float | None = None
+    """The judge's success threshold for RL and its imagined evaluations, in place of the judge's own (the
+    classifier's saved one, TOPReward's reward.topreward.threshold); null keeps it. `calibrate-reward
+    --world-model` suggests one from imagined frames."""
     kir_ratio: float = 0.5
     """Fraction of imagined initial states drawn from KIR keyframes (the rest are episodes' first frames); 0 without keyframes."""
     train_temperature: float = 1.6
@@ -94,6 +98,8 @@ class RLConfig:
             raise ValueError(f"GRPO needs group_size >= 2 to compare rollouts, got {self.group_size}")
         if self.success_chunks < 1:
             raise ValueError(f"success_chunks must be >= 1, got {self.success_chunks}")
+        if self.judge_threshold is not None and not 0.0 < self.judge_threshold < 1.0:
+            raise ValueError(f"judge_threshold is a probability in (0, 1) or null, got {self.judge_threshold}")
         if not 0.0 <= self.kir_ratio <= 1.0:
             raise ValueError(f"kir_ratio must lie in [0, 1], got {self.kir_ratio}")
         if self.train_temperature <= 0:
