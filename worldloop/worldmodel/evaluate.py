@@ -10,7 +10,8 @@ Does the model follow the actions? The same episodes are rolled out a second tim
 frames and seeds, driven by the next held-out episode's actions instead of their own. The PSNR lost
 (Genie's controllability ΔPSNR) says how much the actions decide what the model renders: near 0, it
 plays the task's usual motion whatever the policy does, and an imagined rollout succeeds as often as the
-data did. Models of the same data compare; across datasets the actions differ by more or less.
+data did. Compare it between models on the same episodes: how far another episode's actions lead
+elsewhere depends on the data.
 """
 
 from __future__ import annotations
