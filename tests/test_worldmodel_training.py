@@ -223,3 +223,24 @@ def test_time_limited_budget_warms_up_decays_and_counts_resumed_seconds(monkeypa
     assert resumed.fraction(10) == pytest.approx(0.8)
     now[0] += 20.0
     assert resumed.out_of_time()
+
+
+def test_bench_wm_train_times_the_real_training_loop(tmp_path, monkeypatch, capsys):
+    """`bench wm-train` runs train_world_model itself: a warm-up, then per setting a long and a short run."""
+    from worldloop.cli import main
+    from worldloop.worldmodel import train as train_lib
+
+    calls, real = [], train_lib.train_world_model
+
+    def recorded(config, *args, **kwargs):
+        calls.append((config.steps, config.self_forcing, config.self_forcing_after))
+        return real(config, *args, **kwargs)
+
+    monkeypatch.setattr(train_lib, "train_world_model", recorded)
+    assert main(["bench", "wm-train", "--steps", "2", "--out", str(tmp_path / "bench.txt")]) == 0
+    assert calls == [(2, 1.0, 0.0), (2, 0.0, 0.0), (1, 0.0, 0.0), (2, 0.5, 0.0), (1, 0.5, 0.0)]
+    rows = json.loads((tmp_path / "bench.json").read_text())
+    assert [r["self_forcing"] for r in rows] == [0.0, 0.5] and all(r["steps_per_s"] > 0 and r["clips_per_s"] > 0 for r in rows)
+    assert "wm-train" in (tmp_path / "bench.txt").read_text() and "clips/s" in capsys.readouterr().out
+    assert main(["bench", "wm-train", "--steps", "1"]) == 2
+    assert "--steps >= 2" in capsys.readouterr().err

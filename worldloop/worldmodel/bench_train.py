@@ -1,0 +1,106 @@
+"""``worldloop bench wm-train``: world-model training speed, with random weights and random latent clips.
+
+It runs ``train_world_model`` itself, the loop ``train-wm`` runs, on ready-made random clips of the
+preset's shape (``world_model.size``, ``world_model.batch_size``, latents of ``sim.image_size`` frames
+under the preset's VAE). Each setting trains twice, ``--steps`` steps and 1/6 of that; the wall-time
+difference over the step difference is the time per optimizer step, free of the fixed costs around
+the loop (building the model, the final samples, the save). Settings: no self-forcing, and
+self-forcing at ``world_model.self_forcing`` (0.5 when the preset has none) from the first step: that
+share of the clips gets its memory latent from a no-grad ``sampling_steps`` sample of the clip one chunk
+earlier. Reported: steps/s, clips/s and the DiT's matmul TFLOP/s (3 forwards per trained clip, plus
+the self-forced samples' forwards).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from worldloop.config import Config
+from worldloop.utils.timing import synchronize
+
+CLIPS = 256  # random clips to draw batches from; their content does not change the speed
+
+
+def random_clips(channels: int, side: int, action_dim: int = 4, count: int = CLIPS) -> dict[str, torch.Tensor]:
+    """Latent clips (count, C, 4, side, side), raw actions (count, 13, A) and each clip's predecessor
+    (the one before it; -1 for the first), the layout ``train_world_model`` takes."""
+    generator = torch.Generator().manual_seed(0)
+    return {
+        "latents": torch.randn(count, channels, 4, side, side, generator=generator),
+        "actions": torch.rand(count, 13, action_dim, generator=generator) * 2 - 1,
+        "previous": torch.arange(count) - 1,
+    }
+
+
+def time_training(config: Config, clips: dict[str, torch.Tensor], vae, steps: int, self_forcing: float, device: torch.device) -> float:
+    """Wall seconds of one ``train_world_model`` run of ``steps`` steps (build, loop, samples and save)."""
+    from worldloop.worldmodel.train import train_world_model
+
+    never = 10**9  # no periodic logging, samples or checkpoints inside the timed loop
+    wm = dataclasses.replace(config.world_model, steps=steps, self_forcing=self_forcing, self_forcing_after=0.0, time_limit_s=0.0,
+                             log_every=never, sample_every=never, checkpoint_every=never)  # fmt: skip
+    with tempfile.TemporaryDirectory() as out:
+        synchronize(device)
+        began = time.perf_counter()
+        train_world_model(wm, [], vae, out, device, seed=config.seed, clips=clips)
+        synchronize(device)
+        return time.perf_counter() - began
+
+
+def measure(config: Config, clips: dict[str, torch.Tensor], vae, steps: int, self_forcing: float, device: torch.device) -> dict:
+    from worldloop.worldmodel.modeling import dit_flops_per_forward
+
+    short = max(1, steps // 6)
+    seconds = (time_training(config, clips, vae, steps, self_forcing, device) - time_training(config, clips, vae, short, self_forcing, device))
+    per_step = max(seconds, 1e-9) / (steps - short)
+    wm = config.world_model
+    side = clips["latents"].shape[-1]
+    tokens = 4 * (side // 2) ** 2
+    flops = 3 * dit_flops_per_forward(wm.size, wm.batch_size, tokens)
+    flops += wm.sampling_steps * dit_flops_per_forward(wm.size, 1, tokens) * self_forcing * wm.batch_size  # expected self-forced clips
+    return {
+        "size": wm.size, "batch": wm.batch_size, "tokens": tokens, "self_forcing": self_forcing,
+        "step_ms": 1e3 * per_step, "steps_per_s": 1 / per_step, "clips_per_s": wm.batch_size / per_step, "dit_tflops": flops / per_step / 1e12,
+    }  # fmt: skip
+
+
+def format_table(rows: list[dict]) -> str:
+    header = f"{'preset':<8} {'batch':>5} {'tokens':>6} {'self-forcing':>12} {'step ms':>8} {'steps/s':>8} {'clips/s':>8} {'DiT TF/s':>8}"
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        lines.append(f"{r['size']:<8} {r['batch']:>5} {r['tokens']:>6} {r['self_forcing']:>12.2f} {r['step_ms']:8.1f} "
+                     f"{r['steps_per_s']:8.2f} {r['clips_per_s']:8.1f} {r['dit_tflops']:8.2f}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def bench_wm_train(args: argparse.Namespace, config: Config) -> int:
+    from worldloop.utils.device import resolve_device
+    from worldloop.utils.io import atomic_write_json, atomic_write_text
+    from worldloop.worldmodel import vae as vae_lib
+
+    if args.steps < 2:
+        raise ValueError(f"bench wm-train needs --steps >= 2 (it times the difference of two runs), got {args.steps}")
+    device = resolve_device(config.device)
+    torch.manual_seed(config.seed)
+    vae = vae_lib.build_vae(config.vae)
+    side = config.sim.image_size // vae_lib.spatial_factor(vae)
+    clips = random_clips(int(vae.config.z_dim), side)
+    time_training(config, clips, vae, 2, 1.0, device)  # warm-up, both paths: CUDA context, kernels, cuDNN's choices
+    rows = []
+    for self_forcing in (0.0, config.world_model.self_forcing or 0.5):
+        rows.append(measure(config, clips, vae, args.steps, self_forcing, device))
+        print(format_table(rows[-1:]).splitlines()[-1], flush=True)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    title = f"worldloop bench wm-train on {where} ({config.sim.image_size}px frames, {config.world_model.sampling_steps} sampler steps per self-forced clip)"
+    table = format_table(rows)
+    print(title + "\n" + table)
+    if args.out:
+        atomic_write_text(Path(args.out), title + "\n" + table + "\n")
+        atomic_write_json(Path(args.out).with_suffix(".json"), rows)
+    return 0
