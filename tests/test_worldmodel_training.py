@@ -244,3 +244,18 @@ def test_bench_wm_train_times_the_real_training_loop(tmp_path, monkeypatch, caps
     assert "wm-train" in (tmp_path / "bench.txt").read_text() and "clips/s" in capsys.readouterr().out
     assert main(["bench", "wm-train", "--steps", "1"]) == 2
     assert "--steps >= 2" in capsys.readouterr().err
+
+
+def test_self_forcing_samples_in_self_forcing_steps(vae, tmp_path, monkeypatch):
+    """world_model.self_forcing_steps: the self-forced memory is sampled in that many Euler steps (0: sampling_steps)."""
+    from worldloop.worldmodel import train as train_lib
+
+    episodes, real = square_episodes(2, seed=2, length=24), train_lib.sample_future
+    for steps, expected in ((0, 2), (1, 1)):
+        calls = []
+        monkeypatch.setattr(train_lib, "sample_future", lambda dit, c, a, n, sigmas, *rest: calls.append(len(sigmas) - 1) or real(dit, c, a, n, sigmas, *rest))
+        config = fast_config(steps=2, self_forcing=1.0, self_forcing_after=0.0, self_forcing_steps=steps, clip_stride=8)
+        train_world_model(config, episodes, vae, tmp_path / f"sf{steps}", CPU)
+        assert calls[:2] == [expected, expected] and calls[-1] == config.sampling_steps  # two training steps, then the final samples
+    with pytest.raises(ValueError, match="self_forcing_steps"):
+        WorldModelConfig(self_forcing_steps=-1).validate()

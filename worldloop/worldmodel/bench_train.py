@@ -6,9 +6,9 @@ under the preset's VAE). Each setting trains twice, ``--steps`` steps and 1/6 of
 difference over the step difference is the time per optimizer step, free of the fixed costs around
 the loop (building the model, the final samples, the save). Settings: no self-forcing, and
 self-forcing at ``world_model.self_forcing`` (0.5 when the preset has none) from the first step: that
-share of the clips gets its memory latent from a no-grad ``sampling_steps`` sample of the clip one chunk
-earlier. Reported: steps/s, clips/s and the DiT's matmul TFLOP/s (3 forwards per trained clip, plus
-the self-forced samples' forwards).
+share of the clips gets its memory latent from a no-grad sample of the clip one chunk earlier, in
+``self_forcing_steps`` Euler steps (``sampling_steps`` when 0). Reported: steps/s, clips/s and the
+DiT's matmul TFLOP/s (3 forwards per trained clip, plus the self-forced samples' forwards).
 """
 
 from __future__ import annotations
@@ -63,11 +63,16 @@ def measure(config: Config, clips: dict[str, torch.Tensor], vae, steps: int, sel
     side = clips["latents"].shape[-1]
     tokens = 4 * (side // 2) ** 2
     flops = 3 * dit_flops_per_forward(wm.size, wm.batch_size, tokens)
-    flops += wm.sampling_steps * dit_flops_per_forward(wm.size, 1, tokens) * self_forcing * wm.batch_size  # expected self-forced clips
+    flops += sampler_steps(wm) * dit_flops_per_forward(wm.size, 1, tokens) * self_forcing * wm.batch_size  # expected self-forced clips
     return {
-        "size": wm.size, "batch": wm.batch_size, "tokens": tokens, "self_forcing": self_forcing,
+        "size": wm.size, "batch": wm.batch_size, "tokens": tokens, "self_forcing": self_forcing, "self_forcing_steps": sampler_steps(wm),
         "step_ms": 1e3 * per_step, "steps_per_s": 1 / per_step, "clips_per_s": wm.batch_size / per_step, "dit_tflops": flops / per_step / 1e12,
     }  # fmt: skip
+
+
+def sampler_steps(wm) -> int:
+    """Euler steps (no-grad DiT forwards) of one self-forced sample."""
+    return wm.self_forcing_steps or wm.sampling_steps
 
 
 def format_table(rows: list[dict]) -> str:
@@ -97,7 +102,7 @@ def bench_wm_train(args: argparse.Namespace, config: Config) -> int:
         rows.append(measure(config, clips, vae, args.steps, self_forcing, device))
         print(format_table(rows[-1:]).splitlines()[-1], flush=True)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    title = f"worldloop bench wm-train on {where} ({config.sim.image_size}px frames, {config.world_model.sampling_steps} sampler steps per self-forced clip)"
+    title = f"worldloop bench wm-train on {where} ({config.sim.image_size}px frames, {sampler_steps(config.world_model)} sampler steps per self-forced clip)"
     table = format_table(rows)
     print(title + "\n" + table)
     if args.out:

@@ -91,6 +91,9 @@ class WorldModelConfig:
     from its own frames, not only from real ones, against drift that compounds chunk by chunk. 0 disables."""
     self_forcing_after: float = 0.3
     """Fraction of the training budget before self-forcing starts (until then its predictions are noise)."""
+    self_forcing_steps: int = 0
+    """Euler steps of the self-forced sample; 0: sampling_steps, as in a rollout. Each step is a no-grad DiT
+    forward: at 5, self-forcing 0.5 makes a training step 3.3x slower (docs/benchmarks.md, bench wm-train)."""
     memory_noise: float = 0.0
     """Sampling: noise level sigma put on the memory latent at every rollout step, the model told so by its
     per-token timestep (trained for by context_noise): it then trusts its own last frames less. 0 = clean."""
@@ -150,6 +153,8 @@ class WorldModelConfig:
             raise ValueError(f"context_noise must be in [0, 1], got {self.context_noise}")
         if not 0.0 <= self.self_forcing <= 1.0 or not 0.0 <= self.self_forcing_after <= 1.0:
             raise ValueError(f"self_forcing and self_forcing_after must be in [0, 1], got {self.self_forcing}, {self.self_forcing_after}")
+        if self.self_forcing_steps < 0:
+            raise ValueError(f"self_forcing_steps must be >= 0 (0: sampling_steps), got {self.self_forcing_steps}")
         if self.self_forcing and (self.memory_frames != 4 or not self.reference_frame):
             raise ValueError("self_forcing follows the rollout's latent memory, which needs memory_frames=4 and reference_frame=true")
         if not 0.0 <= self.memory_noise < 1.0:

@@ -30,7 +30,7 @@ from worldloop.worldmodel import vae as vae_lib
 from worldloop.worldmodel.clips import episode_clips, predecessors
 from worldloop.worldmodel.configuration import VAEConfig, WorldModelConfig
 from worldloop.worldmodel.metrics import psnr, ssim
-from worldloop.worldmodel.rollout import WorldModel, autocast, sample_future, shift_sigmas
+from worldloop.worldmodel.rollout import WorldModel, autocast, sample_future, sampler_sigmas, shift_sigmas
 
 
 class EpisodeLike(Protocol):
@@ -365,6 +365,7 @@ def train_world_model(
     mean_t = torch.as_tensor(action_mean, dtype=torch.float32, device=device)
     std_t = torch.as_tensor(action_std, dtype=torch.float32, device=device)
     loss_value, done, self_forced = float("nan"), step, 0
+    self_forcing_sigmas = sampler_sigmas(config.self_forcing_steps, config.shift) if config.self_forcing_steps else model.sigmas
     budget.started = time.time()
     bar = _progress(range(step, config.steps), initial=step, total=config.steps, desc="train-wm")
     for step in bar:
@@ -381,7 +382,7 @@ def train_world_model(
             if chosen.any():
                 earlier, earlier_actions = latents_all[previous[chosen]], (actions_all[previous[chosen]] - mean_t) / std_t
                 start = torch.randn(earlier[:, :, 2:].shape, device=device, generator=generator)
-                generated = sample_future(dit, earlier[:, :, :2], earlier_actions, start, model.sigmas)
+                generated = sample_future(dit, earlier[:, :, :2], earlier_actions, start, self_forcing_sigmas)
                 x0 = x0.clone()
                 x0[chosen, :, 1] = generated[:, :, -1]
                 self_forced += int(chosen.sum())
