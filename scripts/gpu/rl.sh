@@ -57,21 +57,18 @@ if not path.is_file():
 results = json.loads(path.read_text())
 print((out / "rl" / "results.md").read_text())
 evals = results["evaluations"]
+def change(a, b):
+    """'a -> b (+d, +x SE)' between two success_once results."""
+    d = b["success_once"] - a["success_once"]
+    se = math.hypot(a["stderr"], b["stderr"]) or float("nan")
+    return f"{a['success_once']:.3f} -> {b['success_once']:.3f} ({d:+.3f}, {d / se:+.1f} SE)"
 if len(evals) >= 2:
-    first, last = evals[0]["real"], evals[-1]["real"]
-    gain = last["success_once"] - first["success_once"]
-    se = math.hypot(first["stderr"], last["stderr"]) or float("nan")
-    print(f"real success_once: {first['success_once']:.3f} -> {last['success_once']:.3f} ({gain:+.3f}, {gain / se:+.1f} standard errors)")
-    for task in last["per_task"]:
-        a, b = first["per_task"][task], last["per_task"][task]
-        d = b["success_once"] - a["success_once"]
-        s = math.hypot(a["stderr"], b["stderr"]) or float("nan")
-        print(f"  {task}: {a['success_once']:.3f} -> {b['success_once']:.3f} ({d:+.3f}, {d / s:+.1f} SE)")
-    if "imagined" in evals[0] and "imagined" in evals[-1]:  # issue 6 asks for both to rise
-        first, last = evals[0]["imagined"], evals[-1]["imagined"]
-        gain = last["success_once"] - first["success_once"]
-        se = math.hypot(first["stderr"], last["stderr"]) or float("nan")
-        print(f"imagined success_once, same initial states: {first['success_once']:.3f} -> {last['success_once']:.3f} ({gain:+.3f}, {gain / se:+.1f} standard errors)")
+    first, last = evals[0], evals[-1]
+    print(f"real success_once: {change(first['real'], last['real'])}")
+    for task in last["real"]["per_task"]:
+        print(f"  {task}: {change(first['real']['per_task'][task], last['real']['per_task'][task])}")
+    if "imagined" in first and "imagined" in last:  # issue 6 asks for both to rise
+        print(f"imagined success_once, same initial states: {change(first['imagined'], last['imagined'])}")
 history = results["history"]
 if history:
     h0, h1 = history[0], history[-1]

@@ -263,7 +263,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         if not selected:  # null, not NaN: summary.json stays strict JSON (a policy's rollouts have no noisy episodes)
             return {"episodes": 0, "success_rate": None, "stderr": None, "mean_length": None}
         rate, stderr = rate_with_stderr([bool(r.get("worldloop/success")) for r in selected])
-        return {"episodes": len(selected), "success_rate": rate, "stderr": stderr, "mean_length": float(np.mean([r["length"] for r in selected]))}
+        mean_length = float(np.mean([r["length"] for r in selected]))
+        return {"episodes": len(selected), "success_rate": rate, "stderr": stderr, "mean_length": mean_length}
 
     def with_splits(selected: list[dict[str, Any]]) -> dict[str, Any]:
         result = block(selected)

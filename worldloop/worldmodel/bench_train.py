@@ -16,13 +16,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 from worldloop.config import Config
-from worldloop.utils.timing import synchronize
+from worldloop.utils.timing import seconds_per_call
 
 CLIPS = 256  # random clips to draw batches from; their content does not change the speed
 
@@ -46,27 +45,26 @@ def time_training(config: Config, clips: dict[str, torch.Tensor], vae, steps: in
     wm = dataclasses.replace(config.world_model, steps=steps, self_forcing=self_forcing, self_forcing_after=0.0, time_limit_s=0.0,
                              log_every=never, sample_every=never, checkpoint_every=never)  # fmt: skip
     with tempfile.TemporaryDirectory() as out:
-        synchronize(device)
-        began = time.perf_counter()
-        train_world_model(wm, [], vae, out, device, seed=config.seed, clips=clips)
-        synchronize(device)
-        return time.perf_counter() - began
+        run = lambda: train_world_model(wm, [], vae, out, device, seed=config.seed, clips=clips)  # noqa: E731
+        return seconds_per_call(run, device, repeats=1, warmup=0)
 
 
 def measure(config: Config, clips: dict[str, torch.Tensor], vae, steps: int, self_forcing: float, device: torch.device) -> dict:
     from worldloop.worldmodel.modeling import dit_flops_per_forward
 
     short = max(1, steps // 6)
-    seconds = (time_training(config, clips, vae, steps, self_forcing, device) - time_training(config, clips, vae, short, self_forcing, device))
-    per_step = max(seconds, 1e-9) / (steps - short)
+    long_s = time_training(config, clips, vae, steps, self_forcing, device)
+    per_step = max(long_s - time_training(config, clips, vae, short, self_forcing, device), 1e-9) / (steps - short)
     wm = config.world_model
     side = clips["latents"].shape[-1]
     tokens = 4 * (side // 2) ** 2
     flops = 3 * dit_flops_per_forward(wm.size, wm.batch_size, tokens)
-    flops += sampler_steps(wm) * dit_flops_per_forward(wm.size, 1, tokens) * self_forcing * wm.batch_size  # expected self-forced clips
+    sample_steps = sampler_steps(wm)
+    flops += sample_steps * dit_flops_per_forward(wm.size, 1, tokens) * self_forcing * wm.batch_size  # expected self-forced clips
     return {
-        "size": wm.size, "batch": wm.batch_size, "tokens": tokens, "self_forcing": self_forcing, "self_forcing_steps": sampler_steps(wm),
-        "step_ms": 1e3 * per_step, "steps_per_s": 1 / per_step, "clips_per_s": wm.batch_size / per_step, "dit_tflops": flops / per_step / 1e12,
+        "size": wm.size, "batch": wm.batch_size, "tokens": tokens, "self_forcing": self_forcing, "self_forcing_steps": sample_steps,
+        "step_ms": 1e3 * per_step, "steps_per_s": 1 / per_step, "clips_per_s": wm.batch_size / per_step,
+        "dit_tflops": flops / per_step / 1e12,
     }  # fmt: skip
 
 
@@ -102,7 +100,8 @@ def bench_wm_train(args: argparse.Namespace, config: Config) -> int:
         rows.append(measure(config, clips, vae, args.steps, self_forcing, device))
         print(format_table(rows[-1:]).splitlines()[-1], flush=True)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    title = f"worldloop bench wm-train on {where} ({config.sim.image_size}px frames, {sampler_steps(config.world_model)} sampler steps per self-forced clip)"
+    steps = sampler_steps(config.world_model)
+    title = f"worldloop bench wm-train on {where} ({config.sim.image_size}px frames, {steps} sampler steps per self-forced clip)"
     table = format_table(rows)
     print(title + "\n" + table)
     if args.out:

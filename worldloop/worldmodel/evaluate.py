@@ -102,8 +102,9 @@ def horizon_metrics(
             "psnr_at_h": float(model_psnr[episodes, h - 1].mean()), "copy_last_frame_psnr_at_h": float(base_psnr[episodes, h - 1].mean()),
         }  # fmt: skip
         if other_psnr is not None:
-            results[str(h)] |= {"psnr_other_actions": mean(other_psnr), "action_delta_psnr": mean(model_psnr) - mean(other_psnr),
-                                "action_delta_psnr_stderr": margin_stderr(model_psnr, other_psnr)}  # fmt: skip
+            row, other = results[str(h)], mean(other_psnr)
+            row |= {"psnr_other_actions": other, "action_delta_psnr": row["psnr"] - other,
+                    "action_delta_psnr_stderr": margin_stderr(model_psnr, other_psnr)}
     return results
 
 
