@@ -196,6 +196,8 @@ def test_judging_world_model_frames_against_the_simulator(trained, tmp_path):
     frozen = calibrate(judge, episodes, config, tmp_path / "frozen", "classifier", ReplayWorldModel(episodes, oracle=False))["world_model"]
     assert frozen["window_verdict_agreement"] < 1.0 and frozen["episodes"]["missed_success"] >= 3
     assert frozen["episodes"]["agreement"] <= 0.625
+    # a judge that never fires agrees with the simulator exactly as often as chance: kappa 0 (the oracle's is higher)
+    assert frozen["episodes"]["kappa"] == pytest.approx(0.0, abs=1e-9) and agreement["episodes"]["kappa"] > 0.5, (frozen, agreement)
     # the imagined copies keep their labels and lengths; only frames 1.. are imagined
     from worldloop.rewards.agreement import imagined_episodes
 

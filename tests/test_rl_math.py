@@ -117,3 +117,23 @@ def test_gae_by_hand_with_termination_and_bootstrap():
     weights = torch.ones(2, 2)
     assert explained_variance(values, values, weights) == pytest.approx(1.0)
     assert explained_variance(torch.zeros(2, 2), returns, weights) < 0.5
+
+
+def test_agreement_beyond_chance_by_hand():
+    """Two tasks of 4 episodes: 5 of 8 verdicts agree; independent verdicts with the same per-task rates
+    would agree 0.5 (task a) and 0.375 (task b) of the time, so kappa = (0.625 - 0.4375) / 0.5625."""
+    from worldloop.utils.stats import agreement_beyond_chance
+
+    real = [1, 1, 0, 0, 1, 0, 0, 0]
+    imagined = [1, 0, 0, 0, 1, 1, 1, 0]
+    result = agreement_beyond_chance(real, imagined, ["a"] * 4 + ["b"] * 4)
+    assert result["agreement"] == 0.625 and result["chance"] == pytest.approx(0.4375)
+    assert result["kappa"] == pytest.approx(1 / 3)
+    assert result["kappa_stderr"] == pytest.approx(math.sqrt(0.625 * 0.375 / 8) / 0.5625)
+    assert agreement_beyond_chance(real, real, ["a"] * 8)["kappa"] == 1.0
+    # A verdict that knows only each task's rate (constant within a task) agrees often, by chance alone.
+    knows_the_rate = agreement_beyond_chance([1, 1, 1, 0, 0, 0, 0, 1], [1, 1, 1, 1, 0, 0, 0, 0], ["a"] * 4 + ["b"] * 4)
+    assert knows_the_rate["agreement"] == 0.75 and knows_the_rate["kappa"] == pytest.approx(0.0)
+    assert agreement_beyond_chance([0, 0], [0, 0], ["a", "a"])["kappa"] is None  # chance is 1: undefined
+    with pytest.raises(ValueError, match="a stratum for every episode"):
+        agreement_beyond_chance([1, 0], [1], ["a", "a"])

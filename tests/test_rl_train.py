@@ -43,6 +43,7 @@ def test_rl_in_imagination_raises_real_success(tmp_path):
     # The perfect toy world model and its judge believe about the real success rate (the imagination-reality gap is small).
     gap = after["imagined"]["success_once"] - after["real"]["success_once"]
     assert abs(gap) < 3 * math.hypot(after["imagined"]["stderr"], after["real"]["stderr"]), after
+    assert 0.0 <= after["agreement_by_chance"] <= 1.0 and after["kappa"] > 0.2, after  # sampled at T = 1, so well below 1
     # Metrics the field expects are logged; the run folder is complete.
     names = set(results["history"][-1])
     for name in ("env/success_once", "env/return", "env/episode_len", "rollout/advantages_mean", "actor/policy_loss", "actor/approx_kl",
@@ -146,7 +147,7 @@ def test_an_optimistic_imagined_environment_is_diagnosed_once(tmp_path):
 def test_a_pessimistic_imagined_environment_is_diagnosed(tmp_path):
     """Imagined success far below the real one (the fifth H200 session: 0.015 vs 0.370): a judge that never
     fires in imagination warns with the other direction's advice."""
-    from worldloop.rl.trainer import OPTIMISTIC, PESSIMISTIC
+    from worldloop.rl.trainer import OPTIMISTIC, PESSIMISTIC, UNTRACKED
 
     torch.manual_seed(0)
     episodes = 64
@@ -155,8 +156,41 @@ def test_a_pessimistic_imagined_environment_is_diagnosed(tmp_path):
     results = train(ToyPolicy(), imagined(16, 8), config(iterations=1, num_groups=2, eval_every=1), tmp_path / "run", reality_check=check, console=False)
     first = results["evaluations"][0]
     assert first["imagined"]["success_once"] == 0.0 and first["real"]["success_once"] > 0.4, first
-    assert [w["message"].split(":")[0] for w in results["warnings"]] == [PESSIMISTIC]
+    # a judge that never fires tracks nothing either: its verdicts agree with reality only by chance
+    assert [w["message"].split(":")[0] for w in results["warnings"]] == [PESSIMISTIC, UNTRACKED]
+    assert first["kappa"] == pytest.approx(0.0) and first["agreement"] == pytest.approx(first["agreement_by_chance"])
     assert "success_chunks" in results["warnings"][0]["message"] and not results["warnings"][0]["message"].startswith(OPTIMISTIC)
+
+
+def test_rates_that_match_but_verdicts_that_do_not_are_diagnosed(tmp_path):
+    """The sixth H200 session: imagined 0.325 vs real 0.370 from the same states, but per episode the
+    verdicts agreed at chance (kappa -0.02). Here the imagined episodes start from other initial
+    states than the real ones, so the rates match and the verdicts are independent; the same world
+    model started from the real states, under a greedy policy, tracks reality and does not warn."""
+    from worldloop.rl.trainer import UNTRACKED, imagination_tracking_diagnosis, results_table
+
+    torch.manual_seed(0)
+    policy, episodes = ToyPolicy(), 96
+
+    class ShuffledStarts:  # the toy world model, handed another episode's first frame
+        def __init__(self, env):
+            self.env, self.num_envs = env, env.num_envs
+
+        def reset_to(self, frames, instructions):
+            return self.env.reset_to(frames[torch.randperm(len(frames))], instructions)
+
+        def __getattr__(self, name):
+            return getattr(self.env, name)
+
+    shuffled = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=ShuffledStarts(imagined(episodes, 1)), greedy=True)
+    result = shuffled(policy) | {"iteration": 0}
+    assert abs(result["imagined"]["success_once"] - result["real"]["success_once"]) < 0.1, result
+    assert abs(result["kappa"]) < 2.5 * result["kappa_stderr"], result
+    assert imagination_tracking_diagnosis(result).startswith(UNTRACKED + ":")
+    assert "chance" in results_table([result]) and "kappa" in results_table([result])
+
+    faithful = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=imagined(episodes, 1), greedy=True)(policy)
+    assert faithful["kappa"] > 0.8 and imagination_tracking_diagnosis(faithful) == "", faithful
 
 
 def test_reality_check_writes_real_next_to_imagined_videos(tmp_path):

@@ -175,6 +175,24 @@ def test_save_load_roundtrip(model, tmp_path):
         WorldModel.from_pretrained(tmp_path / "wm", "cpu")
 
 
+def test_verbs_sample_as_saved_unless_the_command_line_says_otherwise(model, tmp_path, capsys):
+    """rl, train-reward, calibrate-reward and eval-wm load a world model the same way: its saved sampling
+    options, of which only those named on the command line are replaced (a preset's are not)."""
+    from worldloop.commands.shared import load_world_model
+    from worldloop.config import load_config
+
+    model.save_pretrained(tmp_path / "wm")  # saved: 2 sampling steps, no memory noise
+    overrides = ["world_model.memory_noise=0.3", "world_model.sampling_steps=4"]
+    config = load_config("metaworld-gpu", overrides)  # whose own memory_noise is 0.1
+    as_saved = load_world_model(tmp_path / "wm", config, [], torch.device("cpu"))
+    assert (as_saved.memory_noise, as_saved.sampling_steps) == (0.0, 2)
+    printed = capsys.readouterr().out
+    assert "memory_noise 0.0" in printed and "command line" not in printed.split(";")[0]
+    overridden = load_world_model(tmp_path / "wm", config, overrides, torch.device("cpu"))
+    assert (overridden.memory_noise, overridden.sampling_steps, overridden.decode_mode) == (0.3, 4, model.decode_mode)
+    assert "memory_noise 0.3 (command line)" in capsys.readouterr().out
+
+
 def test_ablation_switches_keep_shapes():
     torch.manual_seed(0)
     vae = vae_lib.build_vae(VAEConfig())

@@ -69,10 +69,14 @@ if len(evals) >= 2:
         print(f"  {task}: {change(first['real']['per_task'][task], last['real']['per_task'][task])}")
     if "imagined" in first and "imagined" in last:  # issue 6 asks for both to rise
         print(f"imagined success_once, same initial states: {change(first['imagined'], last['imagined'])}")
+        for task in last["imagined"]["per_task"]:  # the gain must show on one task in both
+            print(f"  {task}: {change(first['imagined']['per_task'][task], last['imagined']['per_task'][task])}")
 history = results["history"]
 if history:
     h0, h1 = history[0], history[-1]
     print(f"imagined train success_once: {h0['env/success_once']:.3f} (iteration 1) -> {h1['env/success_once']:.3f} (iteration {h1['iteration']})")
     print(f"seconds per iteration: rollout {h1['time/rollout']:.1f}, update {h1['time/update']:.1f}, total {h1['time/iteration']:.1f}")
+for warning in results.get("warnings", []):
+    print(f"warning at iteration {warning['iteration']}: {warning['message']}")
 PYEOF
 exit $status

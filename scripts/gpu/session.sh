@@ -25,7 +25,8 @@
 #   simulator's labels.
 # $OUT/progress.txt says what finished when; every chain logs to $OUT/<chain>.log.
 # Knobs: DEADLINE_MIN (23: RL's training budget ends 4 min before it), WM_SECONDS (300) and VAE_SECONDS
-# (150) of training, PRESET, EXTRA (overrides for every verb, e.g. a CPU dry run), EPISODES (50 per task,
+# (150) of training, VAE_STEPS ("": the VAE's steps, VAE_SECONDS then only caps them; see worldmodel.sh),
+# PRESET, EXTRA (overrides for every verb, e.g. a CPU dry run), EPISODES (50 per task,
 # collection and evaluations), RL_EPISODES (EPISODES: RL's real evaluations per task; the gain is judged
 # in standard errors, so more is better), RL_LR (rl.sh's 1e-5), RL_EVAL_EVERY (10 iterations between RL's real
 # evaluations; the first and the last always run), RL_EXTRA (more rl.* overrides for RL only),
@@ -50,6 +51,12 @@ read -r -a EXTRA_ARGS <<< "$EXTRA"
 DATA="$OUT/dataset"
 mark() { echo "[$(date +%T) +$((SECONDS / 60))m$((SECONDS % 60))s] $*" | tee -a "$OUT/progress.txt"; }
 mark "session start on $(hostname), $(nproc) CPUs, $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+# Everything the chains import, checked before anything starts: a missing wheel (PyAV travels apart from
+# .whl) would otherwise stop the session minutes later, or silently, inside a chain.
+if ! missing=$("$PY" -c "import av, diffusers, metaworld, mujoco, worldloop" 2>&1); then
+  mark "not ready: ${missing##*$'\n'} (install the carried wheels: source scripts/gpu/setup.sh .whl .whl2)"
+  exit 1
+fi
 
 # ---------------------------------------------------------------------------- phase 1
 (

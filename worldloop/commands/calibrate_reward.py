@@ -31,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, config: Config) -> int:
     import numpy as np
 
+    from worldloop.commands.shared import load_world_model
     from worldloop.config import save_config
     from worldloop.data.dataset import TrajectoryDataset, split_episodes
     from worldloop.rewards.calibrate import calibrate
@@ -49,9 +50,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     device = resolve_device(config.device)
     world_model = None
     if args.world_model:
-        from worldloop.worldmodel.rollout import WorldModel
-
-        world_model = WorldModel.from_pretrained(args.world_model, device).for_inference()
+        world_model = load_world_model(args.world_model, config, args.overrides, device)
         if world_model.image_size != dataset.image_size:
             raise ValueError(f"--world-model renders {world_model.image_size}px frames, {args.dataset} holds {dataset.image_size}px")
     judge = load_judge(args.judge, device, config.reward)
@@ -68,7 +67,12 @@ def run(args: argparse.Namespace, config: Config) -> int:
         print(
             f"calibrate-reward: on imagined frames AUROC {imagined['auroc']}, window verdicts agree with the real ones "
             f"{metrics['world_model']['window_verdict_agreement']:.3f}; episodes: success_once real {episodes['real_success_once']:.3f} "
-            f"vs judged in imagination {episodes['imagined_judged_success_once']:.3f}, agreement {episodes['agreement']:.3f}, "
+            f"vs judged in imagination {episodes['imagined_judged_success_once']:.3f}, agreement {episodes['agreement']:.3f} "
+            f"(chance {episodes['agreement_by_chance']:.3f}, kappa {_or_dash(episodes['kappa'])}), "
             f"{episodes['false_success']} false and {episodes['missed_success']} missed successes"
         )
     return 0
+
+
+def _or_dash(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"

@@ -22,16 +22,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, config: Config) -> int:
     import json
 
+    from worldloop.commands.shared import load_world_model
     from worldloop.utils.device import resolve_device
     from worldloop.worldmodel.evaluate import evaluate_world_model
-    from worldloop.worldmodel.rollout import WorldModel
     from worldloop.worldmodel.train import load_split
 
     save_config(config, args.out)
     wm_config = config.world_model
     _, held_out, dataset = load_split(args.dataset, wm_config.held_out_fraction, config.seed)
-    model = WorldModel.from_pretrained(args.world_model, resolve_device(config.device), sampling_steps=wm_config.sampling_steps,
-                                       shift=wm_config.shift, decode=wm_config.decode, memory_noise=wm_config.memory_noise)  # fmt: skip
+    model = load_world_model(args.world_model, config, args.overrides, resolve_device(config.device))
     metrics = evaluate_world_model(model, held_out[: wm_config.eval_episodes], wm_config.eval_horizons, args.out, fps=int(dataset.fps), seed=config.seed)
     print(json.dumps(metrics, indent=2))
     return 0

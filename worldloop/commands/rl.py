@@ -48,6 +48,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
     import torch
 
+    from worldloop.commands.shared import load_world_model
     from worldloop.config import save_config
     from worldloop.policies import EXPERT, load_policy
     from worldloop.rl.rollout import RealityCheck
@@ -67,9 +68,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     try:
         world_model = judge = dataset = None
         if args.world_model:
-            from worldloop.worldmodel.rollout import WorldModel
-
-            world_model = WorldModel.from_pretrained(args.world_model, device)
+            world_model = load_world_model(args.world_model, config, args.overrides, device)
         if args.judge:
             judge = load_rl_judge(args.judge, device, config)
         if args.dataset:

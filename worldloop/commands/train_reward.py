@@ -22,6 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
+    from worldloop.commands.shared import load_world_model
     from worldloop.config import save_config
     from worldloop.data.dataset import TrajectoryDataset, split_episodes
     from worldloop.rewards.labels import LabelledFrames, labelled_frames
@@ -47,9 +48,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     also_evaluate = {}
     if args.world_model:
         from worldloop.rewards.agreement import imagined_episodes
-        from worldloop.worldmodel.rollout import WorldModel
-
-        world_model = WorldModel.from_pretrained(args.world_model, device).for_inference()
+        world_model = load_world_model(args.world_model, config, args.overrides, device)
         for folder, dataset in zip(args.dataset, datasets):
             if dataset.image_size != world_model.image_size:
                 raise ValueError(f"--world-model renders {world_model.image_size}px frames, {folder} holds {dataset.image_size}px")

@@ -11,8 +11,9 @@ both copies are scored window by window (same episode, same time). Reported:
 - ``window_verdict_agreement``: share of windows where the verdict (probability >= threshold) on
   the imagined frames equals the verdict on the real ones;
 - ``episodes``: per episode, success_once as the simulator says and as the judge says on the
-  imagined frames: agreement, false successes (the judge would pay for a failure: what RL learns to
-  exploit) and missed successes.
+  imagined frames: agreement, the agreement that chance alone gives at those rates within each task
+  and Cohen's kappa, false successes (the judge would pay for a failure: what RL learns to exploit)
+  and missed successes.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 from worldloop.rewards.calibrate import calibration_metrics, score_windows
 from worldloop.rewards.configuration import CalibrateConfig
 from worldloop.rewards.protocol import Judge
+from worldloop.utils.stats import agreement_beyond_chance
 
 
 def imagined_episodes(model: Any, episodes: Sequence[Any], batch: int = 32, seed: int = 0) -> list[Any]:
@@ -54,12 +56,17 @@ def episode_verdicts(table: dict[str, np.ndarray], threshold: float) -> tuple[np
     return real, judged
 
 
-def agreement_metrics(real: dict[str, np.ndarray], imagined: dict[str, np.ndarray], threshold: float) -> dict[str, Any]:
-    """Compare the judge on imagined windows with its verdicts on the real ones and with the simulator."""
+def agreement_metrics(
+    real: dict[str, np.ndarray], imagined: dict[str, np.ndarray], threshold: float, tasks: dict[int, str] | None = None
+) -> dict[str, Any]:
+    """Compare the judge on imagined windows with its verdicts on the real ones and with the simulator;
+    ``tasks`` (episode index -> instruction) makes chance agreement per task, else over all episodes."""
     if not (np.array_equal(real["episode"], imagined["episode"]) and np.array_equal(real["time"], imagined["time"])):
         raise ValueError("real and imagined windows must be the same (episode, time) pairs in the same order")
     verdict_real, verdict_imagined = real["probability"] >= threshold, imagined["probability"] >= threshold
     success, judged = episode_verdicts(imagined, threshold)
+    ids = np.unique(imagined["episode"])
+    beyond_chance = agreement_beyond_chance(success, judged, [tasks[int(i)] for i in ids] if tasks else [""] * len(ids))
     return {
         "threshold": threshold,
         "imagined": calibration_metrics(imagined, threshold),
@@ -69,6 +76,9 @@ def agreement_metrics(real: dict[str, np.ndarray], imagined: dict[str, np.ndarra
             "real_success_once": float(success.mean()),
             "imagined_judged_success_once": float(judged.mean()),
             "agreement": float((success == judged).mean()),
+            "agreement_by_chance": beyond_chance["chance"],
+            "kappa": beyond_chance["kappa"],
+            "kappa_stderr": beyond_chance["kappa_stderr"],
             "false_success": int((judged & ~success).sum()),
             "missed_success": int((success & ~judged).sum()),
         },
@@ -81,4 +91,5 @@ def judge_in_imagination(
     """Replay ``episodes`` in ``model`` and score the imagined windows; returns the comparison with
     ``real`` (the same episodes' real window scores) and the imagined windows' table."""
     imagined = score_windows(judge, imagined_episodes(model, episodes, config.batch_size, seed), config)
-    return agreement_metrics(real, imagined, judge.threshold), imagined
+    tasks = {int(episode.index): episode.instruction for episode in episodes}
+    return agreement_metrics(real, imagined, judge.threshold, tasks), imagined

@@ -13,7 +13,7 @@ import torch
 
 from worldloop.envs.protocol import EnvReset, VecEnv
 from worldloop.utils.device import autocast_dtype
-from worldloop.utils.stats import rate_with_stderr
+from worldloop.utils.stats import agreement_beyond_chance, rate_with_stderr
 
 
 @dataclass
@@ -130,7 +130,8 @@ def summarize(success_once: torch.Tensor, task_names: Sequence[str]) -> dict[str
 
 class RealityCheck:
     """Evaluate a policy in the real simulator and, from the very same initial observations, in the
-    imagined environment: real success, imagined success and their gap, side by side.
+    imagined environment: real success, imagined success and their gap, side by side, and whether the
+    imagined verdict of each episode tracks its real one (agreement against chance, Cohen's kappa).
 
     ``real_env`` has one environment per evaluation episode (tasks x episodes_per_task, task-major);
     ``seeds`` (default: 10**6 + 1000 * task position + episode) are the same at every evaluation,
@@ -173,8 +174,10 @@ class RealityCheck:
             start = self.imagined_env.reset_to(first.frames, list(first.instructions))
             imagined = collect(policy, self.imagined_env, start, self.temperature, self.greedy)
             result["imagined"] = summarize(imagined.success_once, self.task_of_episode)
-            agree = (imagined.success_once == real.success_once).float().mean()
-            result["agreement"] = float(agree)
+            # per episode, beyond what each task's success rate alone explains (kappa 0: RL's reward is noise)
+            agreement = agreement_beyond_chance(real.success_once.tolist(), imagined.success_once.tolist(), self.task_of_episode)
+            result["agreement"], result["agreement_by_chance"] = agreement["agreement"], agreement["chance"]
+            result["kappa"], result["kappa_stderr"] = agreement["kappa"], agreement["kappa_stderr"]
             if self.video_dir is not None and self.videos_per_task > 0:
                 self._write_videos(real, imagined, tag)
         return result

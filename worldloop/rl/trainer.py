@@ -91,12 +91,14 @@ def train(
             writer.add_scalar("eval/success_once_imagined", result["imagined"]["success_once"], iteration)
             writer.add_scalar("eval/imagination_gap", result["imagined"]["success_once"] - result["real"]["success_once"], iteration)
             writer.add_scalar("eval/agreement", result["agreement"], iteration)
-            line += f" | imagined {_rate(result['imagined'])} | agreement {result['agreement']:.2f}"
-            gap = imagination_gap_diagnosis(result)
-            if gap and not any(w["message"].startswith(gap.split(":")[0]) for w in warnings):  # once per run and direction
-                warnings.append({"iteration": iteration, "message": gap})
-                if console:
-                    tqdm.write(f"rl: WARNING {gap}")
+            if result.get("kappa") is not None:
+                writer.add_scalar("eval/kappa", result["kappa"], iteration)
+            line += f" | imagined {_rate(result['imagined'])} | agreement {_agreement(result)}"
+            for warning in (imagination_gap_diagnosis(result), imagination_tracking_diagnosis(result)):
+                if warning and not any(w["message"].startswith(warning.split(":")[0]) for w in warnings):  # once per run and kind
+                    warnings.append({"iteration": iteration, "message": warning})
+                    if console:
+                        tqdm.write(f"rl: WARNING {warning}")
         writer.add_scalar("time/eval", time.perf_counter() - began, iteration)
         if console:
             tqdm.write(line)
@@ -246,6 +248,7 @@ def train(
 SILENT_ITERATIONS = 5  # GRPO iterations without a single informative group before the run says why
 OPTIMISTIC = "the imagined environment is optimistic"
 PESSIMISTIC = "the imagined environment is pessimistic"
+UNTRACKED = "the imagined environment does not track reality per episode"
 
 
 def silence_diagnosis(metrics: dict[str, float], iterations: int) -> str:
@@ -279,6 +282,19 @@ def imagination_gap_diagnosis(result: dict[str, Any], margin: float = 0.2) -> st
             "--world-model`; rl.success_chunks > 1 asks more of it)")  # fmt: skip
 
 
+def imagination_tracking_diagnosis(result: dict[str, Any], slight: float = 0.2, min_episodes: int = 20) -> str:
+    """A warning when, per episode, the imagined verdicts agree with the real ones little beyond chance
+    (Cohen's kappa below ``slight``): the rates may match, but RL's reward then barely says which of
+    the policy's own actions really succeed (the sixth H200 session: rates 0.325 vs 0.370, kappa -0.02)."""
+    kappa = result.get("kappa")
+    if kappa is None or kappa >= slight or result["real"]["episodes"] < min_episodes:
+        return ""
+    return (f"{UNTRACKED}: per episode its verdicts agree with the real simulator's {result['agreement']:.2f} of the time, "
+            f"{result['agreement_by_chance']:.2f} by chance alone (kappa {kappa:.2f} ± {result['kappa_stderr']:.2f}), so RL's reward "
+            "says little about which rollouts really succeed. Look at the world model's action dPSNR (`eval-wm` on the policy's rollouts: "
+            "does it follow the actions?) and the judge's false successes on those rollouts' replays (`calibrate-reward --world-model`)")  # fmt: skip
+
+
 def group_starts(tasks: list[int | str], num_groups: int, group_size: int, iteration: int, seed: int) -> tuple[list, list[int]]:
     """Task and seed of every env: group g of iteration i takes task (i * num_groups + g) mod |tasks|
     and seed ``seed * 10**6 + i * num_groups + g``; its G members share both (one initial state)."""
@@ -292,12 +308,21 @@ def group_starts(tasks: list[int | str], num_groups: int, group_size: int, itera
 
 def results_table(evaluations: list[dict[str, Any]]) -> str:
     """Markdown: real and imagined success (± standard error) at each evaluation."""
-    lines = ["| iteration | real success_once | imagined success_once | agreement |", "|---|---|---|---|"]
+    lines = ["| iteration | real success_once | imagined success_once | agreement (chance, kappa) |", "|---|---|---|---|"]
     for result in evaluations:
         imagined = _rate(result["imagined"]) if "imagined" in result else "-"
-        agreement = f"{result['agreement']:.2f}" if "agreement" in result else "-"
+        agreement = _agreement(result) if "agreement" in result else "-"
         lines.append(f"| {result['iteration']} | {_rate(result['real'])} | {imagined} | {agreement} |")
     return "\n".join(lines) + "\n"
+
+
+def _agreement(result: dict[str, Any]) -> str:
+    """'0.58 (chance 0.59, kappa -0.02 ± 0.09)'; the agreement alone where kappa is undefined (both verdicts
+    constant and equal) or was not measured (runs from before it)."""
+    if result.get("kappa") is None:
+        return f"{result['agreement']:.2f}"
+    kappa = f"kappa {result['kappa']:.2f} ± {result['kappa_stderr']:.2f}"
+    return f"{result['agreement']:.2f} (chance {result['agreement_by_chance']:.2f}, {kappa})"
 
 
 def _rate(summary: dict[str, Any]) -> str:

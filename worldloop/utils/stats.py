@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 
 def rate_with_stderr(outcomes: Sequence[bool] | Sequence[float]) -> tuple[float, float]:
@@ -19,3 +19,29 @@ def format_rate(outcomes: Sequence[bool] | Sequence[float]) -> str:
     """'0.820 ± 0.054 (n=50)'."""
     p, se = rate_with_stderr(outcomes)
     return f"{p:.3f} ± {se:.3f} (n={len(outcomes)})"
+
+
+def agreement_beyond_chance(first: Sequence[bool], second: Sequence[bool], strata: Sequence[Any]) -> dict[str, float | None]:
+    """How often two 0/1 verdicts on the same episodes agree, and how much of it chance explains.
+
+    ``chance`` is the agreement of two independent verdicts with the same success rates within each
+    stratum (e.g. each task), weighted by its episodes: a verdict that knows only each task's rate
+    reaches it. ``kappa`` = (agreement - chance) / (1 - chance) (Cohen's): 0 at chance, 1 when every
+    episode agrees, None when chance is 1 (both verdicts constant and equal); ``kappa_stderr`` is
+    Cohen's large-sample sqrt(a (1 - a) / n) / (1 - chance)."""
+    first, second = [bool(v) for v in first], [bool(v) for v in second]
+    n = len(first)
+    if n == 0 or len(second) != n or len(strata) != n:
+        raise ValueError(f"agreement needs two verdicts and a stratum for every episode, got {len(first)}, {len(second)} and {len(strata)}")
+    agreement = sum(a == b for a, b in zip(first, second)) / n
+    chance = 0.0
+    for stratum in dict.fromkeys(strata):
+        mine = [i for i, s in enumerate(strata) if s == stratum]
+        p = sum(first[i] for i in mine) / len(mine)
+        q = sum(second[i] for i in mine) / len(mine)
+        chance += len(mine) / n * (p * q + (1 - p) * (1 - q))
+    if chance >= 1.0 - 1e-12:
+        return {"agreement": agreement, "chance": chance, "kappa": None, "kappa_stderr": None}
+    kappa = (agreement - chance) / (1.0 - chance)
+    kappa_stderr = math.sqrt(agreement * (1.0 - agreement) / n) / (1.0 - chance)
+    return {"agreement": agreement, "chance": chance, "kappa": kappa, "kappa_stderr": kappa_stderr}

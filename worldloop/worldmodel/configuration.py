@@ -72,7 +72,11 @@ class VAEConfig:
 
 @dataclass
 class WorldModelConfig:
-    """The action-conditioned DiT (diffusers ``WanTransformer3DModel``), its training, sampling and evaluation."""
+    """The action-conditioned DiT (diffusers ``WanTransformer3DModel``), its training, sampling and evaluation.
+
+    The sampling options (sampling_steps, shift, decode, memory_noise) are saved with a trained model. The
+    verbs that load one (eval-wm, train-reward, calibrate-reward, rl) sample as saved, except for the options
+    named on their command line."""
 
     size: Size = "tiny"
     """DiT dimensions: 'tiny', 'small' or 'wan2.2-5b' (dim 3072, 30 layers, 24 heads, ffn 14336)."""
