@@ -65,6 +65,12 @@ def test_loop_runs_every_stage_resumes_and_reports(tmp_path, capsys):
     assert [(float(a), float(b), int(n)) for a, b, n in cells] == [
         (round(r["success_once"], 3), round(r["stderr"], 3), r["episodes"]) for r in results["overall"].values()
     ]
+    # imagination vs reality: one row per RL evaluation, its kappa as results.json has it ("-": undefined)
+    evaluations = [e for block in results["imagination_vs_reality"].values() for e in block["evaluations"]]
+    rows = [line for line in text.splitlines() if line.startswith(("| stage1 |", "| stage2 |"))]
+    assert evaluations and len(rows) == len(evaluations)
+    for row, e in zip(rows, evaluations):
+        assert row.split("|")[5].strip() == (f"{e['kappa']:.2f} ± {e['kappa_stderr']:.2f}" if "kappa" in e else "-"), row
     horizons = results["world_model"]["base"]
     assert horizons and all("copy_last_frame_psnr" in m for m in horizons.values())
     assert (run / "per_task.png").is_file() and (run / "learning_curves.png").is_file()

@@ -27,7 +27,8 @@ def collect_results(run: Path, paths: dict[str, str], stage_seconds: dict[str, f
             rl = read_json(file)
             imagination[name] = {
                 "evaluations": [
-                    {"iteration": e["iteration"], "real": _rate(e["real"]), **({"imagined": _rate(e["imagined"])} if "imagined" in e else {})}
+                    {"iteration": e["iteration"], "real": _rate(e["real"]), **({"imagined": _rate(e["imagined"])} if "imagined" in e else {}),
+                     **({"kappa": e["kappa"], "kappa_stderr": e["kappa_stderr"]} if e.get("kappa") is not None else {})}  # fmt: skip
                     for e in rl["evaluations"]
                 ],
                 "train_success": [h.get("env/success_once") for h in rl["history"]],
@@ -65,10 +66,13 @@ def render_markdown(run: Path, results: dict[str, Any], plots: list[str]) -> str
         lines.append(f"| {task} | " + " | ".join(_cell(row.get(n)) for n in names) + " |")
     lines.append("| **overall** | " + " | ".join(_cell(results["overall"][n]) for n in names) + " |")
     if results["imagination_vs_reality"]:
-        lines += ["", "## Imagination vs reality (same policy, same initial states)", "", "| RL stage | iteration | real | imagined |", "| --- | ---: | ---: | ---: |"]
+        lines += ["", "## Imagination vs reality (same policy, same initial states)", ""]
+        lines += ["Kappa: how far, episode by episode, the imagined verdict agrees with the real one beyond what each task's", "success rate explains (0: RL's reward is noise; 1: every episode agrees).", ""]
+        lines += ["| RL stage | iteration | real | imagined | kappa |", "| --- | ---: | ---: | ---: | ---: |"]
         for stage, block in results["imagination_vs_reality"].items():
             for e in block["evaluations"]:
-                lines.append(f"| {stage} | {e['iteration']} | {_cell(e['real'])} | {_cell(e.get('imagined'))} |")
+                kappa = f"{e['kappa']:.2f} ± {e['kappa_stderr']:.2f}" if "kappa" in e else "-"
+                lines.append(f"| {stage} | {e['iteration']} | {_cell(e['real'])} | {_cell(e.get('imagined'))} | {kappa} |")
     for name, horizons in results["world_model"].items():
         lines += ["", f"## World model ({name}): open-loop replay of held-out trajectories", ""]
         lines += ["| horizon | episodes | PSNR | copy-last-frame PSNR | SSIM | copy-last-frame SSIM |", "| ---: | ---: | ---: | ---: | ---: | ---: |"]

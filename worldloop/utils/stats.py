@@ -26,9 +26,9 @@ def agreement_beyond_chance(first: Sequence[bool], second: Sequence[bool], strat
 
     ``chance`` is the agreement of two independent verdicts with the same success rates within each
     stratum (e.g. each task), weighted by its episodes: a verdict that knows only each task's rate
-    reaches it. ``kappa`` = (agreement - chance) / (1 - chance) (Cohen's): 0 at chance, 1 when every
-    episode agrees, None when chance is 1 (both verdicts constant and equal); ``kappa_stderr`` is
-    Cohen's large-sample sqrt(a (1 - a) / n) / (1 - chance)."""
+    reaches it. ``kappa`` = (agreement - chance) / (1 - chance), Cohen's kappa with chance taken within
+    strata (one stratum: Cohen's own): 0 at chance, 1 when every episode agrees, None when chance is 1
+    (both verdicts constant and equal). ``kappa_stderr`` is Cohen's large-sample sqrt(a (1 - a) / n) / (1 - chance)."""
     first, second = [bool(v) for v in first], [bool(v) for v in second]
     n = len(first)
     if n == 0 or len(second) != n or len(strata) != n:
