@@ -26,6 +26,9 @@
 # $OUT/progress.txt says what finished when; every chain logs to $OUT/<chain>.log.
 # Knobs: DEADLINE_MIN (23: RL's training budget ends 4 min before it), WM_SECONDS (300) and VAE_SECONDS
 # (150) of training, VAE_STEPS ("": the VAE's steps, VAE_SECONDS then only caps them; see worldmodel.sh),
+# VAE_FROM (a VAE folder from an earlier lease, used instead of training one: after a session,
+# `python3 -m worldloop.utils.parts pack $OUT/wm/vae "$DEVICE_OUT" vae` brings it back in 15 MB parts,
+# `... unpack vae.parts.json .carry/vae` rebuilds it for the next lease's carry),
 # PRESET, EXTRA (overrides for every verb, e.g. a CPU dry run), EPISODES (50 per task,
 # collection and evaluations), RL_EPISODES (EPISODES: RL's real evaluations per task; the gain is judged
 # in standard errors, so more is better), RL_LR (rl.sh's 1e-5), RL_EVAL_EVERY (10 iterations between RL's real

@@ -3,8 +3,10 @@
 # eval-wm on held-out trajectories (vs copy-last-frame), and bench wm (tiny, small, wan2.2-5b dims).
 # Usage: OUT=/path/out scripts/gpu/worldmodel.sh DATASET_DIR
 #   DATASET_DIR: a Meta-World dataset written by `worldloop collect` (64x64 or 128x128).
-# Env knobs: VAE_SECONDS (150), WM_SECONDS (240), VAE_STEPS ("": bounded by time alone; N: the VAE trains N steps,
-# VAE_SECONDS then only caps it, so its quality does not depend on what else shares the machine), SKIP_BENCH=1, PRESET (metaworld-gpu), EXTRA (overrides),
+# Env knobs: VAE_SECONDS (150), WM_SECONDS (240), VAE_STEPS ("": bounded by time alone; N: the VAE trains
+# N steps, VAE_SECONDS then only caps it, so its quality does not depend on what else shares the machine),
+# VAE_FROM (a VAE folder trained in an earlier lease, e.g. unpacked by `python -m worldloop.utils.parts`:
+# used as it is, not trained), SKIP_BENCH=1, PRESET (metaworld-gpu), EXTRA (overrides),
 # EVAL_MEMORY_NOISE ("": extra eval-wm runs, one per world_model.memory_noise level, e.g. "0.1 0.2"),
 # MORE_DATA (more dataset folders, e.g. a policy's rollouts: the world model trains on them too and
 # eval-wm replays their held-out episodes as well; each is waited for, MORE_DATA_WAIT_S = 300 s at most,
@@ -26,9 +28,10 @@ if [ "$IMG" -ge 128 ]; then DOWN=3; else DOWN=2; fi
 read -r -a EXTRA <<< "${EXTRA:-device=cuda}"  # extra key=value overrides (a CPU dry run: EXTRA="device=cpu ...")
 COMMON=(--preset "${PRESET:-metaworld-gpu}" "${EXTRA[@]}")
 
-# 1. VAE (bounded by time and vae.steps, whichever ends first)
-timeout $((VAE_SECONDS + 240)) $PY -m worldloop train-vae --dataset "$DATA" --out "$OUT/vae" "${COMMON[@]}" \
-  vae.spatial_downsamples=$DOWN vae.time_limit_s=$VAE_SECONDS ${VAE_STEPS:+vae.steps=$VAE_STEPS} 2>&1 | grep -v "it/s]" | tail -20 | tee -a "$OUT/log.txt"
+# 1. VAE (bounded by time and vae.steps, whichever ends first), or VAE_FROM's, measured on this held-out split
+if [ -n "${VAE_FROM:-}" ]; then VAE_ARGS=("vae.pretrained=$VAE_FROM"); else VAE_ARGS=(vae.spatial_downsamples=$DOWN vae.time_limit_s=$VAE_SECONDS ${VAE_STEPS:+vae.steps=$VAE_STEPS}); fi
+timeout $((VAE_SECONDS + 240)) $PY -m worldloop train-vae --dataset "$DATA" --out "$OUT/vae" "${COMMON[@]}" "${VAE_ARGS[@]}" \
+  2>&1 | grep -v "it/s]" | tail -20 | tee -a "$OUT/log.txt"
 
 # 2. world model (small preset) on DATASET and the MORE_DATA folders that are ready
 DATASETS=("$DATA")
