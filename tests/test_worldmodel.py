@@ -182,13 +182,14 @@ def test_verbs_sample_as_saved_unless_the_command_line_says_otherwise(model, tmp
     from worldloop.config import load_config
 
     model.save_pretrained(tmp_path / "wm")  # saved: 2 sampling steps, no memory noise
-    overrides = ["world_model.memory_noise=0.3", "world_model.sampling_steps=4"]
-    config = load_config("metaworld-gpu", overrides)  # whose own memory_noise is 0.1
-    as_saved = load_world_model(tmp_path / "wm", config, [], torch.device("cpu"))
+    preset = load_config("metaworld-gpu")
+    assert preset.world_model.memory_noise == 0.1  # the preset's value, not this model's
+    as_saved = load_world_model(tmp_path / "wm", preset, [], torch.device("cpu"))
     assert (as_saved.memory_noise, as_saved.sampling_steps) == (0.0, 2)
     printed = capsys.readouterr().out
     assert "memory_noise 0.0" in printed and "command line" not in printed.split(";")[0]
-    overridden = load_world_model(tmp_path / "wm", config, overrides, torch.device("cpu"))
+    overrides = ["world_model.memory_noise=0.3", "world_model.sampling_steps=4"]
+    overridden = load_world_model(tmp_path / "wm", load_config("metaworld-gpu", overrides), overrides, torch.device("cpu"))
     assert (overridden.memory_noise, overridden.sampling_steps, overridden.decode_mode) == (0.3, 4, model.decode_mode)
     assert "memory_noise 0.3 (command line)" in capsys.readouterr().out
 
