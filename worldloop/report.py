@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from worldloop.utils.io import atomic_write_json, atomic_write_text, read_json
+from worldloop.utils.stats import format_kappa
 
 POLICY_STAGES = {"base": "eval_base", "stage1": "eval_rl1", "stage2": "eval_rl2"}
 RL_STAGES = {"stage1": "rl1", "stage2": "rl2"}
@@ -71,7 +72,7 @@ def render_markdown(run: Path, results: dict[str, Any], plots: list[str]) -> str
         lines += ["| RL stage | iteration | real | imagined | kappa |", "| --- | ---: | ---: | ---: | ---: |"]
         for stage, block in results["imagination_vs_reality"].items():
             for e in block["evaluations"]:
-                kappa = f"{e['kappa']:.2f} ± {e['kappa_stderr']:.2f}" if "kappa" in e else "-"
+                kappa = format_kappa(e["kappa"], e["kappa_stderr"]) if "kappa" in e else "-"
                 lines.append(f"| {stage} | {e['iteration']} | {_cell(e['real'])} | {_cell(e.get('imagined'))} | {kappa} |")
     for name, horizons in results["world_model"].items():
         lines += ["", f"## World model ({name}): open-loop replay of held-out trajectories", ""]

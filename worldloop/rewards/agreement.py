@@ -48,12 +48,12 @@ def imagined_episodes(model: Any, episodes: Sequence[Any], batch: int = 32, seed
     return imagined
 
 
-def episode_verdicts(table: dict[str, np.ndarray], threshold: float) -> tuple[np.ndarray, np.ndarray]:
-    """Per episode (sorted ids): the simulator's success and whether any window crossed the threshold."""
+def episode_verdicts(table: dict[str, np.ndarray], threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The episode ids (sorted) and, per episode, the simulator's success and whether any window crossed the threshold."""
     ids = np.unique(table["episode"])
     real = np.array([table["episode_success"][table["episode"] == i].any() for i in ids])
     judged = np.array([(table["probability"][table["episode"] == i] >= threshold).any() for i in ids])
-    return real, judged
+    return ids, real, judged
 
 
 def agreement_metrics(
@@ -64,8 +64,7 @@ def agreement_metrics(
     if not (np.array_equal(real["episode"], imagined["episode"]) and np.array_equal(real["time"], imagined["time"])):
         raise ValueError("real and imagined windows must be the same (episode, time) pairs in the same order")
     verdict_real, verdict_imagined = real["probability"] >= threshold, imagined["probability"] >= threshold
-    success, judged = episode_verdicts(imagined, threshold)
-    ids = np.unique(imagined["episode"])
+    ids, success, judged = episode_verdicts(imagined, threshold)
     beyond_chance = agreement_beyond_chance(success, judged, [tasks[int(i)] for i in ids] if tasks else [""] * len(ids))
     return {
         "threshold": threshold,
@@ -75,7 +74,7 @@ def agreement_metrics(
             "count": int(len(success)),
             "real_success_once": float(success.mean()),
             "imagined_judged_success_once": float(judged.mean()),
-            "agreement": float((success == judged).mean()),
+            "agreement": beyond_chance["agreement"],
             "agreement_by_chance": beyond_chance["chance"],
             "kappa": beyond_chance["kappa"],
             "kappa_stderr": beyond_chance["kappa_stderr"],

@@ -37,6 +37,7 @@ from worldloop.rl.losses import clipped_policy_loss, clipped_value_loss, entropy
 from worldloop.rl.rollout import autocast, check_compatible, collect, policy_device
 from worldloop.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from worldloop.utils.io import atomic_write_json, atomic_write_text
+from worldloop.utils.stats import format_kappa
 
 
 def train(
@@ -290,7 +291,7 @@ def imagination_tracking_diagnosis(result: dict[str, Any], slight: float = 0.2, 
     if kappa is None or kappa >= slight or result["real"]["episodes"] < min_episodes:
         return ""
     return (f"{UNTRACKED}: per episode its verdicts agree with the real simulator's {result['agreement']:.2f} of the time, "
-            f"{result['agreement_by_chance']:.2f} by chance alone (kappa {kappa:.2f} ± {result['kappa_stderr']:.2f}), so RL's reward "
+            f"{result['agreement_by_chance']:.2f} by chance alone (kappa {format_kappa(kappa, result['kappa_stderr'])}), so RL's reward "
             "says little about which rollouts really succeed. Look at the world model's action dPSNR (`eval-wm` on the policy's rollouts: "
             "does it follow the actions?) and the judge's false successes on those rollouts' replays (`calibrate-reward --world-model`)")  # fmt: skip
 
@@ -321,8 +322,8 @@ def _agreement(result: dict[str, Any]) -> str:
     constant and equal) or was not measured (runs from before it)."""
     if result.get("kappa") is None:
         return f"{result['agreement']:.2f}"
-    kappa = f"kappa {result['kappa']:.2f} ± {result['kappa_stderr']:.2f}"
-    return f"{result['agreement']:.2f} (chance {result['agreement_by_chance']:.2f}, {kappa})"
+    kappa = format_kappa(result["kappa"], result["kappa_stderr"])
+    return f"{result['agreement']:.2f} (chance {result['agreement_by_chance']:.2f}, kappa {kappa})"
 
 
 def _rate(summary: dict[str, Any]) -> str:

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-from safetensors.torch import load, save
+from safetensors import safe_open
+from safetensors.torch import load_file, save
 
 from worldloop.utils.io import atomic_dir, atomic_write_bytes, atomic_write_json
 
@@ -42,7 +43,7 @@ def pack(folder: str | Path, out: str | Path, name: str, part_mb: float = 15.0) 
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
         for path in files:
-            data = path.read_bytes() if path.suffix != ".safetensors" else _half(path.read_bytes())
+            data = path.read_bytes() if path.suffix != ".safetensors" else _half(path)
             info = tarfile.TarInfo(str(path.relative_to(folder)))
             info.size, info.mtime = len(data), int(path.stat().st_mtime)
             archive.addfile(info, io.BytesIO(data))
@@ -84,11 +85,12 @@ def unpack(manifest: str | Path, out: str | Path, search: Sequence[str | Path] =
     return Path(out)
 
 
-def _half(data: bytes) -> bytes:
-    """A safetensors file with its float32 tensors stored as float16 (others and the metadata unchanged)."""
-    header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
-    tensors = {key: (t.half() if t.dtype == torch.float32 else t) for key, t in load(data).items()}
-    return save(tensors, metadata=header.get("__metadata__"))
+def _half(path: Path) -> bytes:
+    """The safetensors file ``path`` with its float32 tensors stored as float16 (others and the metadata unchanged)."""
+    with safe_open(path, framework="pt") as weights:
+        metadata = weights.metadata()
+    tensors = {key: (t.half() if t.dtype == torch.float32 else t) for key, t in load_file(path).items()}
+    return save(tensors, metadata=metadata)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

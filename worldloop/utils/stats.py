@@ -21,6 +21,11 @@ def format_rate(outcomes: Sequence[bool] | Sequence[float]) -> str:
     return f"{p:.3f} ± {se:.3f} (n={len(outcomes)})"
 
 
+def format_kappa(kappa: float, stderr: float) -> str:
+    """'-0.02 ± 0.09'."""
+    return f"{kappa:.2f} ± {stderr:.2f}"
+
+
 def agreement_beyond_chance(first: Sequence[bool], second: Sequence[bool], strata: Sequence[Any]) -> dict[str, float | None]:
     """How often two 0/1 verdicts on the same episodes agree, and how much of it chance explains.
 
