@@ -10,7 +10,7 @@ from _rewards_fixtures import TASKS, FakeEpisode, cue_episodes
 from worldloop.rewards.augment import colour_jitter, gaussian_blur, pixel_noise, world_model_artefacts
 from worldloop.rewards.classifier import SuccessClassifier
 from worldloop.rewards.configuration import CalibrateConfig, ClassifierConfig
-from worldloop.rewards.labels import frame_labels, labelled_frames
+from worldloop.rewards.labels import LabelledFrames, frame_labels, labelled_frames
 from worldloop.rewards.metrics import auroc, suggest_thresholds, value_order_correlation
 from worldloop.rewards.protocol import Judge, load_judge
 
@@ -26,7 +26,40 @@ def test_labels_pair_each_frame_with_the_success_of_the_action_before_it():
     longer = FakeEpisode(np.concatenate([frames, frames[-1:]]), episode.success, TASKS[0], 0, 7)
     assert frame_labels(longer)[1].tolist() == [False, False, True, True, True]
     data = labelled_frames([episode], list(TASKS))
-    assert data.frames[:, 0, 0, 0].tolist() == [1, 2, 3, 4] and data.episode.tolist() == [7] * 4
+    assert data.frames[:, 0, 0, 0].tolist() == [1, 2, 3, 4] and data.time.tolist() == [1, 2, 3, 4]
+    # Episodes are numbered in the order read, so two datasets' episode 7 stay apart, also when joined.
+    two = labelled_frames([episode, episode], list(TASKS))
+    assert two.episode.tolist() == [0] * 4 + [1] * 4
+    assert LabelledFrames.cat([two, data]).episode.tolist() == [0] * 4 + [1] * 4 + [2] * 4
+
+
+def test_episode_threshold_judges_episodes_the_way_rl_does():
+    """Per episode, the score is the highest P(success) among the frames judged once per chunk; the
+    'episode_kappa' threshold agrees best with the simulator beyond chance, the highest such one."""
+    from worldloop.rewards.metrics import max_kappa_threshold
+    from worldloop.rewards.train import episode_scores, episode_verdicts
+
+    # two episodes of 9 labelled frames (times 1..9), verdicts at times 4 and 8 (chunks of 4)
+    success = torch.tensor([False] * 9 + [False] * 6 + [True] * 3)
+    data = LabelledFrames(torch.zeros(18, 2, 2, 3, dtype=torch.uint8), success, torch.tensor([0] * 9 + [1] * 9),
+                          torch.tensor([0] * 9 + [1] * 9), torch.arange(1, 10).repeat(2), list(TASKS))  # fmt: skip
+    probabilities = np.zeros(18)
+    probabilities[[2, 3, 8]] = [0.99, 0.4, 0.97]  # episode 0: time 3 (not judged), 4 (judged) and 9 (not judged)
+    probabilities[[9 + 3, 9 + 7]] = [0.2, 0.7]  # episode 1: its judged frames, times 4 and 8
+    scores, real, task = episode_scores(probabilities, data, verdict_every=4)
+    assert scores.tolist() == [0.4, 0.7] and real.tolist() == [False, True] and task.tolist() == [0, 1]
+    verdicts = episode_verdicts(probabilities, data, threshold=0.3, verdict_every=4)
+    assert (verdicts["false_success"], verdicts["missed_success"], verdicts["judged_success_once"]) == (1, 0, 1.0)
+    # Hand-worked, success [F, T, F, T] and scores 0.1-0.4: ">= 0.2" judges [F, T, T, T] (agreement 3/4,
+    # chance 1/2, kappa 1/2), ">= 0.3" [F, F, T, T] (kappa 0), ">= 0.4" [F, F, F, T] (kappa 1/2 again).
+    scores, truth = np.array([0.1, 0.2, 0.3, 0.4]), np.array([False, True, False, True])
+    assert max_kappa_threshold(scores, truth, np.zeros(4)) == pytest.approx(0.4)  # the highest of the best
+    # Chance within tasks: when task 0 always succeeds and task 1 always fails, separating them is no
+    # skill (kappa <= 0 at every threshold), and the highest threshold is kept; pooled, 0.3 is perfect.
+    scores, truth = np.array([0.3, 0.4, 0.1, 0.2]), np.array([True, True, False, False])
+    assert max_kappa_threshold(scores, truth, np.zeros(4)) == pytest.approx(0.3)
+    assert max_kappa_threshold(scores, truth, np.array([0, 0, 1, 1])) == pytest.approx(0.4)
+    assert max_kappa_threshold(np.full(4, 0.5), np.ones(4, bool), np.zeros(4)) is None  # chance 1: undefined
 
 
 def test_episodes_ending_at_first_success_have_no_positive_frame(tmp_path):
@@ -91,6 +124,21 @@ def test_classifier_learns_a_task_dependent_success_cue(trained):
     assert auroc(judge.score(windows, right).numpy(), labels) > 0.9
     assert auroc(judge.score(windows, swapped).numpy(), labels) < 0.1
     assert (out / "metrics.json").is_file() and (out / "checkpoints" / "latest").is_file() and any((out / "tb").iterdir())
+
+
+def test_episode_kappa_threshold_on_a_trained_classifier(trained):
+    """On the held-out episodes, judged once every 4 frames, the chosen threshold's verdicts are the
+    simulator's; metrics.json reports every set's episode verdicts at the saved threshold."""
+    from worldloop.rewards.train import choose_threshold, episode_verdicts, predict
+
+    out, metrics, held_out = trained
+    assert metrics["held_out"]["episodes"]["count"] == 8 and metrics["held_out"]["episodes"]["verdict_every"] == 8
+    model = SuccessClassifier.from_pretrained(out / "model")
+    assert choose_threshold(model, "episode_kappa", held_out, "held_out", verdict_every=4) == (
+        "episode_kappa on held_out (8 episodes, a verdict every 4 frames)")
+    verdicts = episode_verdicts(predict(model, held_out), held_out, model.threshold, verdict_every=4)
+    assert verdicts["kappa"] == pytest.approx(1.0) and verdicts["false_success"] == verdicts["missed_success"] == 0
+    assert model.threshold != 0.5
 
 
 def test_saved_classifier_loads_and_scores_the_same(trained):

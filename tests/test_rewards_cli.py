@@ -25,9 +25,12 @@ def dataset(tmp_path_factory):
 def test_train_then_calibrate_reward_cli(dataset, tmp_path, capsys):
     rw, cal = tmp_path / "rw", tmp_path / "cal"
     small = ["reward.classifier.input_size=16", "reward.classifier.steps=4", "reward.classifier.batch_size=8", "reward.classifier.eval_every=2"]
-    assert main(["train-reward", "--dataset", str(dataset), "--out", str(rw), *small]) == 0
+    assert main(["train-reward", "--dataset", str(dataset), "--out", str(rw), *small, "sim.chunk_size=4"]) == 0
     metrics = read_json(rw / "metrics.json")
     assert metrics["steps"] == 4 and metrics["held_out"]["frames"] == 2 * 11  # one of each task's 4 episodes held out
+    # Episode verdicts as RL makes them, once per the simulator's chunk
+    assert "held_out episodes judged once every 4 frames (n=2)" in capsys.readouterr().out
+    assert metrics["held_out"]["episodes"]["verdict_every"] == 4 and metrics["held_out"]["episodes"]["real_success_once"] == 0.5
     assert (rw / "model" / "model.safetensors").is_file() and (rw / "config.yaml").is_file()
     assert main(["calibrate-reward", "--judge", str(rw), "--dataset", str(dataset), "--out", str(cal), "--split", "held_out", *small]) == 0
     calibration = read_json(cal / "metrics.json")

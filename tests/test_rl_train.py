@@ -192,6 +192,14 @@ def test_rates_that_match_but_verdicts_that_do_not_are_diagnosed(tmp_path):
     faithful = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=imagined(episodes, 1), greedy=True)(policy)
     assert faithful["kappa"] > 0.8 and imagination_tracking_diagnosis(faithful) == "", faithful
 
+    # Tracking after 1 and 2 chunks (the toy's episodes have 4): the faithful imagination renders the
+    # real trajectory's frames, the shuffled one another trajectory's.
+    assert [row["chunks"] for row in faithful["tracking"]] == [row["chunks"] for row in result["tracking"]] == [1, 2]
+    for good, bad in zip(faithful["tracking"], result["tracking"]):
+        assert good["psnr"] > bad["psnr"] + 10 and good["psnr"] > good["psnr_initial_frame"] + 10, (good, bad)
+        assert 0 < good["episodes_running"] <= episodes
+    assert "after 1/2 chunks: PSNR" in results_table([result])
+
 
 def test_reality_check_writes_real_next_to_imagined_videos(tmp_path):
     from worldloop.data.video import read_mp4

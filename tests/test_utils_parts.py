@@ -58,6 +58,8 @@ def test_missing_or_corrupt_parts_are_named(vae_folder, tmp_path):
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     with pytest.raises(FileNotFoundError, match="no .safetensors weights"):
         pack(tmp_path / "a", tmp_path, "nothing")
+    with pytest.raises(FileNotFoundError, match="no 'vae' to skip"):
+        pack(vae_folder, tmp_path, "dit", skip=["vae"])
 
 
 def test_command_line_round_trip(vae_folder, tmp_path, capsys):

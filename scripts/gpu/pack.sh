@@ -12,9 +12,9 @@ list=$(mktemp)
 find . \( -path ./dataset -o -path '*/reward-data' -o -path '*/videos/observation.*' -o -name .cache -o -name checkpoints -o -name 'qwen3-vl-tiny' \) -prune -o -type f \
   \( -name '*.json' -o -name '*.md' -o -name '*.txt' -o -name '*.log' -o -name '*.png' -o -name '*.yaml' -o -name 'events.out.tfevents*' \) \
   -size -4096k -print >"$list"
-# Videos: the world model's side-by-side clips first, then the rest, each under 1 MB (find's -size -1M
+# Videos: the world model's side-by-side clips first, then RL's, latest iteration first; each under 1 MB (find's -size -1M
 # would mean "0 MB", as it rounds sizes up to whole units).
-find . \( -path ./dataset -o -path '*/videos/observation.*' -o -name .cache \) -prune -o -type f -name '*.mp4' -size -1024k -print | sort -t/ -k2,2r | head -n "$max_videos" >>"$list"
+find . \( -path ./dataset -o -path '*/videos/observation.*' -o -name .cache \) -prune -o -type f -name '*.mp4' -size -1024k -print | sort -r | head -n "$max_videos" >>"$list"
 tar czf "$archive" -T "$list"
 if [ "$(stat -c %s "$archive")" -gt 15000000 ]; then  # the device tool brings back files up to 16 MB
   grep -v -e '\.mp4$' -e tfevents "$list" >"$list.small"

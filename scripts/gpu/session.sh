@@ -29,6 +29,10 @@
 # VAE_FROM (a VAE folder from an earlier lease, used instead of training one: after a session,
 # `python3 -m worldloop.utils.parts pack $OUT/wm/vae "$DEVICE_OUT" vae` brings it back in 15 MB parts,
 # `... unpack vae.parts.json .carry/vae` rebuilds it for the next lease's carry),
+# WM_FROM (a world-model folder from an earlier lease, vae/ included: the DiT trains on from it, for
+# WM_SECONDS more, on its VAE; no VAE is trained), CARRY (a folder: once trained, the DiT and the VAE
+# trained here are packed there in 15 MB parts; an extra poll call copies them to the device's OUT, and
+# the next lease unpacks them: `unpack wm.parts.json /root/wm`, then `unpack vae.parts.json /root/wm/vae`),
 # PRESET, EXTRA (overrides for every verb, e.g. a CPU dry run), EPISODES (50 per task,
 # collection and evaluations), RL_EPISODES (EPISODES: RL's real evaluations per task; the gain is judged
 # in standard errors, so more is better), RL_LR (rl.sh's 1e-5), RL_EVAL_EVERY (10 iterations between RL's real

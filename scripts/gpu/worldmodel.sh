@@ -6,7 +6,10 @@
 # Env knobs: VAE_SECONDS (150), WM_SECONDS (240), VAE_STEPS ("": bounded by time alone; N: the VAE trains
 # N steps, VAE_SECONDS then only caps it, so its quality does not depend on what else shares the machine),
 # VAE_FROM (a VAE folder trained in an earlier lease, e.g. unpacked by `python -m worldloop.utils.parts`:
-# used as it is, not trained), SKIP_BENCH=1, PRESET (metaworld-gpu), EXTRA (overrides),
+# used as it is, not trained), WM_FROM (a world-model folder from an earlier lease, its vae/ included:
+# train-wm continues it with --init for WM_SECONDS more, on its own VAE unless VAE_FROM says otherwise),
+# CARRY (a folder: the trained DiT, and the VAE when trained here, packed there in 15 MB parts for the
+# next lease; see worldloop/utils/parts.py), SKIP_BENCH=1, PRESET (metaworld-gpu), EXTRA (overrides),
 # EVAL_MEMORY_NOISE ("": extra eval-wm runs, one per world_model.memory_noise level, e.g. "0.1 0.2"),
 # MORE_DATA (more dataset folders, e.g. a policy's rollouts: the world model trains on them too and
 # eval-wm replays their held-out episodes as well; each is waited for, MORE_DATA_WAIT_S = 300 s at most,
@@ -29,6 +32,11 @@ read -r -a EXTRA <<< "${EXTRA:-device=cuda}"  # extra key=value overrides (a CPU
 COMMON=(--preset "${PRESET:-metaworld-gpu}" "${EXTRA[@]}")
 
 # 1. VAE (bounded by time and vae.steps, whichever ends first), or VAE_FROM's, measured on this held-out split
+if [ -n "${WM_FROM:-}" ]; then
+  [ -f "$WM_FROM/config.json" ] || { echo "WM_FROM=$WM_FROM is not a world-model folder (no config.json)" | tee -a "$OUT/log.txt"; exit 1; }
+  VAE_FROM=${VAE_FROM:-$WM_FROM/vae}
+  echo "world model: continuing $WM_FROM (its DiT trains on with --init), VAE from $VAE_FROM" | tee -a "$OUT/log.txt"
+fi
 if [ -n "${VAE_FROM:-}" ]; then VAE_ARGS=("vae.pretrained=$VAE_FROM"); else VAE_ARGS=(vae.spatial_downsamples=$DOWN vae.time_limit_s=$VAE_SECONDS ${VAE_STEPS:+vae.steps=$VAE_STEPS}); fi
 timeout $((VAE_SECONDS + 240)) $PY -m worldloop train-vae --dataset "$DATA" --out "$OUT/vae" "${COMMON[@]}" "${VAE_ARGS[@]}" \
   2>&1 | grep -v "it/s]" | tail -20 | tee -a "$OUT/log.txt"
@@ -40,7 +48,15 @@ for MORE in ${MORE_DATA:-}; do
   if [ -f "$MORE/summary.json" ]; then DATASETS+=("$MORE"); else echo "$MORE is not collected: training without it" | tee -a "$OUT/log.txt"; fi
 done
 timeout $((WM_SECONDS + 300)) $PY -m worldloop train-wm --dataset "${DATASETS[@]}" --vae "$OUT/vae" --out "$OUT/wm" "${COMMON[@]}" \
-  world_model.time_limit_s=$WM_SECONDS 2>&1 | grep -v "it/s]" | tail -12 | tee -a "$OUT/log.txt"
+  ${WM_FROM:+--init "$WM_FROM"} world_model.time_limit_s=$WM_SECONDS 2>&1 | grep -v "it/s]" | tail -12 | tee -a "$OUT/log.txt"
+
+# 2a. the trained models in parts for the next lease: the DiT without its VAE and clip cache, and the VAE unless it came from one
+if [ -n "${CARRY:-}" ] && [ -f "$OUT/wm/model.safetensors" ]; then
+  mkdir -p "$CARRY"
+  { $PY -m worldloop.utils.parts pack "$OUT/wm" "$CARRY" wm --skip vae latents.safetensors latents.json \
+      && { [ -n "${VAE_FROM:-}" ] || $PY -m worldloop.utils.parts pack "$OUT/vae" "$CARRY" vae; }; } 2>&1 | tee -a "$OUT/log.txt" \
+    || echo "packing for the next lease failed (the evaluations go on)" | tee -a "$OUT/log.txt"
+fi
 
 # 3. open-loop evaluation on held-out episodes
 timeout 300 $PY -m worldloop eval-wm --world-model "$OUT/wm" --dataset "$DATA" --out "$OUT/eval" "${COMMON[@]}" \

@@ -65,7 +65,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
         f"{len(held_out) if held_out else 0} held-out frames from {len(held_out_ids)} episodes"
     )
     threshold_on = "held_out_imagined" if "held_out_imagined" in also_evaluate else "held_out"
-    metrics = train_classifier(train, held_out, settings, args.out, device, seed=config.seed, also_evaluate=also_evaluate, threshold_on=threshold_on)
+    metrics = train_classifier(train, held_out, settings, args.out, device, seed=config.seed, also_evaluate=also_evaluate,
+                               threshold_on=threshold_on, verdict_every=config.sim.chunk_size)  # fmt: skip
     report = metrics["held_out"] or metrics["train"]
     which = "held-out" if metrics["held_out"] else "train (no held-out episodes)"
     at = report["at_threshold"]
@@ -77,4 +78,17 @@ def run(args: argparse.Namespace, config: Config) -> int:
         at = metrics["held_out_imagined"]["at_threshold"]
         print(f"train-reward: on the world model's replays of the held-out episodes: AUROC {metrics['held_out_imagined']['auroc']}, "
               f"false-positive rate {at['false_positive_rate']}, recall {at['recall']}")  # fmt: skip
+    for name in ("held_out", "held_out_imagined"):
+        if metrics.get(name):
+            print(f"train-reward: {name} {describe_episodes(metrics[name]['episodes'])}")
     return 0
+
+
+def describe_episodes(e: dict) -> str:
+    """One line on the episode-level verdicts of ``evaluate``'s 'episodes' entry."""
+    from worldloop.utils.stats import format_kappa
+
+    kappa = format_kappa(e["kappa"], e["kappa_stderr"]) if e["kappa"] is not None else "undefined"
+    return (f"episodes judged once every {e['verdict_every']} frames (n={e['count']}): success_once real {e['real_success_once']:.3f} "
+            f"vs judged {e['judged_success_once']:.3f}, {e['false_success']} false and {e['missed_success']} missed successes, "
+            f"agreement {e['agreement']:.2f} (chance {e['chance']:.2f}, kappa {kappa})")  # fmt: skip

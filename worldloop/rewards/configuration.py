@@ -18,11 +18,15 @@ class ClassifierConfig:
     """Side in pixels the frames are resized to before the network (on the device)."""
     threshold: float = 0.5
     """P(success) at or above which a frame counts as success; kept in the saved judge (0.5 = the seed's rounding)."""
-    threshold_from: Literal["fixed", "max_f1", "youden"] = "fixed"
+    threshold_from: Literal["fixed", "max_f1", "youden", "episode_kappa"] = "fixed"
     """'fixed': keep `threshold`. 'max_f1' / 'youden': after training, the saved judge's threshold is the one that
     maximises F1 / Youden's J on the held-out frames: the world model's replays of them when train-reward has
     --world-model (the frames the judge reads in RL), else the real ones. Class-balanced batches teach a 50 %
-    prior, so 0.5 fires too often on real data, where success frames are rare."""
+    prior, so 0.5 fires too often on real data, where success frames are rare. 'episode_kappa': the same
+    held-out episodes, judged as RL judges them (success once any chunk's last frame crosses the threshold,
+    one verdict per sim.chunk_size frames); the threshold whose verdicts agree best with the simulator's
+    beyond chance (Cohen's kappa within tasks). A frame-level threshold ignores that a false positive in any
+    of an episode's ~20 verdicts makes it a success."""
     steps: int = 300
     """Optimizer steps of training."""
     batch_size: int = 64
@@ -49,8 +53,8 @@ class ClassifierConfig:
     def validate(self) -> None:
         if self.input_size < 16 or self.steps < 1 or self.batch_size < 2 or self.eval_every < 1 or self.max_frames < 2:
             raise ValueError("classifier: input_size >= 16, steps >= 1, batch_size >= 2, eval_every >= 1, max_frames >= 2 are required")
-        if self.threshold_from not in ("fixed", "max_f1", "youden"):
-            raise ValueError(f"classifier: threshold_from must be 'fixed', 'max_f1' or 'youden', got {self.threshold_from!r}")
+        if self.threshold_from not in ("fixed", "max_f1", "youden", "episode_kappa"):
+            raise ValueError(f"classifier: threshold_from must be 'fixed', 'max_f1', 'youden' or 'episode_kappa', got {self.threshold_from!r}")
         if not 0 < self.threshold < 1 or not 0 <= self.held_out_fraction < 1 or not 0 <= self.blur_prob <= 1:
             raise ValueError("classifier: 0 < threshold < 1, 0 <= held_out_fraction < 1 and 0 <= blur_prob <= 1 are required")
         if self.lr <= 0 or self.weight_decay < 0 or self.jitter < 0 or self.noise_std < 0:

@@ -48,7 +48,7 @@ class LabelledFrames:
     frames: torch.Tensor  # (N, H, W, 3) uint8
     success: torch.Tensor  # (N,) bool
     task: torch.Tensor  # (N,) long, index into ``instructions``
-    episode: torch.Tensor  # (N,) long, dataset episode index
+    episode: torch.Tensor  # (N,) long, running number of its episode in the order read (unique across datasets)
     time: torch.Tensor  # (N,) long, frame index within its episode
     instructions: list[str]
 
@@ -57,11 +57,13 @@ class LabelledFrames:
 
     @classmethod
     def cat(cls, parts: list["LabelledFrames"]) -> "LabelledFrames":
-        """One set of the frames of ``parts`` (which share one instruction list)."""
+        """One set of the frames of ``parts`` (which share one instruction list); episode numbers stay unique."""
         if any(part.instructions != parts[0].instructions for part in parts):
             raise ValueError("labelled frames with different instruction lists cannot be joined")
-        fields = ("frames", "success", "task", "episode", "time")
-        return cls(*(torch.cat([getattr(part, name) for part in parts]) for name in fields), parts[0].instructions)
+        offsets = np.cumsum([0] + [int(part.episode.max()) + 1 if len(part) else 0 for part in parts[:-1]])
+        episodes = torch.cat([part.episode + int(offset) for part, offset in zip(parts, offsets)])
+        fields = [torch.cat([getattr(part, name) for part in parts]) for name in ("frames", "success", "task")]
+        return cls(*fields, episodes, torch.cat([part.time for part in parts]), parts[0].instructions)
 
     def to(self, device: torch.device | str) -> "LabelledFrames":
         return LabelledFrames(
@@ -79,7 +81,7 @@ def labelled_frames(episodes: Iterable[Any], instructions: list[str], max_frames
     index = {text: i for i, text in enumerate(instructions)}
     frames, success, task, episode_ids, times = [], [], [], [], []
     total = 0
-    for episode in episodes:
+    for number, episode in enumerate(episodes):
         if episode.instruction not in index:
             raise ValueError(f"episode {episode.index}: instruction '{episode.instruction}' is not among the {len(instructions)} known")
         t, labels = frame_labels(episode)
@@ -88,7 +90,7 @@ def labelled_frames(episodes: Iterable[Any], instructions: list[str], max_frames
         frames.append(torch.as_tensor(np.asarray(episode.frames)[t]))
         success.append(torch.as_tensor(labels))
         task.append(torch.full((len(t),), index[episode.instruction], dtype=torch.long))
-        episode_ids.append(torch.full((len(t),), int(episode.index), dtype=torch.long))
+        episode_ids.append(torch.full((len(t),), number, dtype=torch.long))
         times.append(torch.as_tensor(t, dtype=torch.long))
         total += len(t)
     if not frames:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from worldloop.utils.stats import agreement_beyond_chance
+
 
 def average_ranks(values: np.ndarray) -> np.ndarray:
     """Ranks 1..n with ties sharing their mean rank."""
@@ -68,6 +70,20 @@ def suggest_thresholds(probabilities: np.ndarray, labels: np.ndarray) -> dict[st
     f1 = 2 * precision * recall / np.maximum(precision + recall, 1e-12)
     youden = recall - (fired - true_pos) / negatives
     return {"max_f1": float(thresholds[np.argmax(f1)]), "youden": float(thresholds[np.argmax(youden)])}
+
+
+def max_kappa_threshold(scores: np.ndarray, success: np.ndarray, strata: np.ndarray) -> float | None:
+    """The threshold (among the observed per-episode ``scores``) whose verdicts ``score >= threshold``
+    agree with the episodes' ``success`` most beyond chance: Cohen's kappa, with chance taken within
+    each stratum (task). Of equally good thresholds, the highest: the fewest false successes, which RL
+    would be paid for. None when kappa is undefined at every candidate."""
+    scores, success = np.asarray(scores, dtype=np.float64), np.asarray(success, dtype=bool)
+    best, best_kappa = None, -np.inf
+    for candidate in np.unique(scores):  # ascending: ">=" keeps the highest of equal kappas
+        kappa = agreement_beyond_chance(success, scores >= candidate, list(strata))["kappa"]
+        if kappa is not None and kappa >= best_kappa:
+            best, best_kappa = float(candidate), kappa
+    return best
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float | None:

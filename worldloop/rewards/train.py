@@ -18,10 +18,11 @@ from worldloop.rewards.augment import world_model_artefacts
 from worldloop.rewards.classifier import MODEL_SUBFOLDER, SuccessClassifier
 from worldloop.rewards.configuration import ClassifierConfig
 from worldloop.rewards.labels import NO_POSITIVE_HINT, LabelledFrames
-from worldloop.rewards.metrics import at_threshold, auroc, suggest_thresholds
+from worldloop.rewards.metrics import at_threshold, auroc, max_kappa_threshold, suggest_thresholds
 from worldloop.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from worldloop.utils.device import autocast_dtype
 from worldloop.utils.io import atomic_write_json
+from worldloop.utils.stats import agreement_beyond_chance
 
 
 @torch.no_grad()
@@ -38,7 +39,40 @@ def predict(model: SuccessClassifier, data: LabelledFrames, batch_size: int = 25
     return torch.cat(out).numpy()
 
 
-def evaluate(model: SuccessClassifier, data: LabelledFrames) -> dict:
+def episode_scores(probabilities: np.ndarray, data: LabelledFrames, verdict_every: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per episode of ``data``: the highest P(success) among the frames an environment stepped in chunks
+    of ``verdict_every`` actions judges (frame times that are multiples of it), whether the simulator
+    says the episode succeeded, and its task. An episode is judged a success once one of those frames
+    crosses the threshold, so the episode's score is their maximum (0 when it has none)."""
+    episodes = data.episode.cpu().numpy()
+    ids, number = np.unique(episodes, return_inverse=True)
+    judged = (data.time.cpu().numpy() % verdict_every) == 0
+    scores = np.zeros(len(ids))
+    np.maximum.at(scores, number[judged], np.asarray(probabilities, dtype=np.float64)[judged])
+    success = np.zeros(len(ids), dtype=bool)
+    np.logical_or.at(success, number, data.success.cpu().numpy())
+    task = np.zeros(len(ids), dtype=np.int64)
+    task[number] = data.task.cpu().numpy()
+    return scores, success, task
+
+
+def episode_verdicts(probabilities: np.ndarray, data: LabelledFrames, threshold: float, verdict_every: int) -> dict:
+    """How the frame threshold does where it is used: success_once per episode, judged vs the simulator."""
+    scores, success, task = episode_scores(probabilities, data, verdict_every)
+    judged = scores >= threshold
+    beyond_chance = agreement_beyond_chance(success, judged, task.tolist())
+    return {
+        "count": int(len(scores)),
+        "verdict_every": verdict_every,
+        "real_success_once": float(success.mean()),
+        "judged_success_once": float(judged.mean()),
+        "false_success": int((judged & ~success).sum()),
+        "missed_success": int((success & ~judged).sum()),
+        **{key: beyond_chance[key] for key in ("agreement", "chance", "kappa", "kappa_stderr")},
+    }
+
+
+def evaluate(model: SuccessClassifier, data: LabelledFrames, verdict_every: int = 8) -> dict:
     probabilities = predict(model, data)
     labels = data.success.cpu().numpy()
     return {
@@ -47,6 +81,7 @@ def evaluate(model: SuccessClassifier, data: LabelledFrames) -> dict:
         "auroc": auroc(probabilities, labels),
         "at_threshold": at_threshold(probabilities, labels, model.threshold),
         "suggested_threshold": suggest_thresholds(probabilities, labels),
+        "episodes": episode_verdicts(probabilities, data, model.threshold, verdict_every),
     }
 
 
@@ -67,11 +102,14 @@ def train_classifier(
     seed: int = 0,
     also_evaluate: dict[str, LabelledFrames] | None = None,
     threshold_on: str = "held_out",
+    verdict_every: int = 8,
 ) -> dict:
     """Train, checkpoint, evaluate and save; returns the metrics written to ``out/metrics.json``
     (with one entry per ``also_evaluate`` set, e.g. held-out frames replayed in a world model).
     With ``config.threshold_from`` other than 'fixed', the saved threshold is chosen on the frames
-    named ``threshold_on`` ('held_out' or a key of ``also_evaluate``)."""
+    named ``threshold_on`` ('held_out' or a key of ``also_evaluate``). ``verdict_every``: the chunk
+    size of the environments the judge will end episodes in (one verdict per chunk), for the
+    episode-level metrics and 'episode_kappa'."""
     from torch.utils.tensorboard import SummaryWriter
     from tqdm import tqdm
 
@@ -124,27 +162,37 @@ def train_classifier(
     writer.close()
 
     model.eval()
-    chosen_on = choose_threshold(model, config.threshold_from, (also_evaluate or {}).get(threshold_on, held_out), threshold_on)
+    chosen_on = choose_threshold(model, config.threshold_from, (also_evaluate or {}).get(threshold_on, held_out), threshold_on, verdict_every)
     model.save_pretrained(out / MODEL_SUBFOLDER)
     metrics = {
         "steps": step,
         "threshold": model.threshold,
         "threshold_chosen_on": chosen_on,
         "conditioning": model.conditioning,
-        "train": evaluate(model, train),
-        "held_out": evaluate(model, held_out) if held_out is not None and len(held_out) else None,
-        **{name: evaluate(model, frames) for name, frames in (also_evaluate or {}).items()},
+        "train": evaluate(model, train, verdict_every),
+        "held_out": evaluate(model, held_out, verdict_every) if held_out is not None and len(held_out) else None,
+        **{name: evaluate(model, frames, verdict_every) for name, frames in (also_evaluate or {}).items()},
     }
     atomic_write_json(out / "metrics.json", metrics)
     return metrics
 
 
-def choose_threshold(model: SuccessClassifier, rule: str, data: LabelledFrames | None, name: str) -> str:
-    """Set ``model.threshold`` by ``rule`` ('max_f1' or 'youden') on ``data`` (called ``name``); returns
-    what it was chosen on ('fixed' when the rule is 'fixed' or the frames lack a class, with a note)."""
+def choose_threshold(model: SuccessClassifier, rule: str, data: LabelledFrames | None, name: str, verdict_every: int = 8) -> str:
+    """Set ``model.threshold`` by ``rule`` on ``data`` (called ``name``): 'max_f1' or 'youden' over its
+    frames, 'episode_kappa' over its episodes judged once per ``verdict_every`` frames. Returns what it
+    was chosen on ('fixed' when the rule is 'fixed' or the data lack a class, with a note)."""
     if rule == "fixed":
         return "fixed"
     labels = data.success.cpu().numpy() if data is not None and len(data) else np.zeros(0, bool)
+    if rule == "episode_kappa" and len(labels):
+        scores, success, task = episode_scores(predict(model, data), data, verdict_every)
+        threshold = max_kappa_threshold(scores, success, task) if success.any() and not success.all() else None
+        if threshold is None:
+            print(f"train-reward: threshold_from={rule} needs episodes that succeed and episodes that fail in '{name}', "
+                  f"with kappa defined; keeping threshold {model.threshold}")  # fmt: skip
+            return "fixed"
+        model.threshold = threshold
+        return f"{rule} on {name} ({len(scores)} episodes, a verdict every {verdict_every} frames)"
     if not labels.any() or labels.all():
         print(f"train-reward: threshold_from={rule} needs success and failure frames in '{name}'; keeping threshold {model.threshold}")
         return "fixed"

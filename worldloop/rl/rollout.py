@@ -178,6 +178,7 @@ class RealityCheck:
             agreement = agreement_beyond_chance(real.success_once.tolist(), imagined.success_once.tolist(), self.task_of_episode)
             result["agreement"], result["agreement_by_chance"] = agreement["agreement"], agreement["chance"]
             result["kappa"], result["kappa_stderr"] = agreement["kappa"], agreement["kappa_stderr"]
+            result["tracking"] = trajectory_tracking(real, imagined, self.task_of_episode)
             if self.video_dir is not None and self.videos_per_task > 0:
                 self._write_videos(real, imagined, tag)
         return result
@@ -197,6 +198,38 @@ class RealityCheck:
                 caption(episode_frames(imagined, i), "imagined", bool(imagined.success_once[i])),
             )
             write_mp4(self.video_dir / f"{tag}_{task}_{number:02d}.mp4", video, fps=4)
+
+
+def trajectory_tracking(real: Rollout, imagined: Rollout, tasks: Sequence[str]) -> list[dict[str, Any]]:
+    """How long imagination follows the real trajectory, from the same initial states under the same
+    policy, after 1, 2, 4, 8, ... chunks: the PSNR of the imagined observation against the real one,
+    over the episodes still running in both, beside the PSNR of the initial frame against the real one
+    (as if nothing had moved: below it, imagination has lost the scene); and how well "succeeded by
+    then" agrees beyond chance (Cohen's kappa within tasks). Greedy policies make the two comparable:
+    sampling draws different actions in the two worlds."""
+    from worldloop.worldmodel.metrics import psnr
+
+    rows = []
+    chunks = 1
+    while chunks < min(real.images.shape[1], imagined.images.shape[1]):
+        running = ~real.done[:, chunks - 1] & ~imagined.done[:, chunks - 1]  # both observed after `chunks` chunks
+        if not running.any():
+            break
+        real_now = real.images[running, chunks]
+        by_then_real, by_then_imagined = real.success[:, :chunks].any(dim=1), imagined.success[:, :chunks].any(dim=1)
+        agreement = agreement_beyond_chance(by_then_real.tolist(), by_then_imagined.tolist(), list(tasks))
+        rows.append({
+            "chunks": chunks,
+            "episodes_running": int(running.sum()),
+            "psnr": float(psnr(imagined.images[running, chunks], real_now).mean()),
+            "psnr_initial_frame": float(psnr(real.images[running, 0], real_now).mean()),
+            "real_success_by_then": float(by_then_real.float().mean()),
+            "imagined_success_by_then": float(by_then_imagined.float().mean()),
+            "kappa": agreement["kappa"],
+            "kappa_stderr": agreement["kappa_stderr"],
+        })  # fmt: skip
+        chunks *= 2
+    return rows
 
 
 def episode_frames(rollout: Rollout, index: int) -> torch.Tensor:

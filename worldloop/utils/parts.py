@@ -6,6 +6,10 @@ model trained in one lease reaches the next one in parts:
     python -m worldloop.utils.parts pack /root/wl/wm/vae "$OUT" vae            # on the GPU host
     python -m worldloop.utils.parts unpack .carry/vae.parts.json runs/vae      # here, or on the next host
 
+A world model's folder written by ``train-wm`` also holds its VAE (vae/) and its encoded clips
+(latents.safetensors, a cache of gigabytes). ``--skip vae latents.safetensors latents.json`` leaves
+them out; the VAE then travels on its own and is unpacked into the world model's vae/ afterwards.
+
 ``pack`` keeps the folder's JSON files and safetensors weights (not checkpoints, logs or samples),
 stores float32 tensors as float16 (half the bytes; loading casts them back to the module's
 dtype), and writes NAME.partNN files of at most ``part_mb`` MB and NAME.parts.json. The manifest
@@ -34,10 +38,20 @@ KEPT = ("*.json", "*.safetensors")
 SKIPPED_FOLDERS = {"checkpoints", "tb", "samples"}
 
 
-def pack(folder: str | Path, out: str | Path, name: str, part_mb: float = 15.0) -> Path:
-    """Write ``out/NAME.partNN`` and ``out/NAME.parts.json``; returns the manifest's path."""
+def pack(folder: str | Path, out: str | Path, name: str, part_mb: float = 15.0, skip: Sequence[str] = ()) -> Path:
+    """Write ``out/NAME.partNN`` and ``out/NAME.parts.json``; returns the manifest's path. ``skip``
+    lists files or subfolders of ``folder`` (relative paths) to leave out."""
     folder, out = Path(folder), Path(out)
-    files = sorted(p for pattern in KEPT for p in folder.rglob(pattern) if not SKIPPED_FOLDERS & set(p.relative_to(folder).parts[:-1]))
+    for relative in skip:
+        if not (folder / relative).exists():
+            raise FileNotFoundError(f"{folder} has no {relative!r} to skip")
+    left_out = [Path(relative).parts for relative in skip]
+
+    def kept(path: Path) -> bool:
+        parts = path.relative_to(folder).parts
+        return not SKIPPED_FOLDERS & set(parts[:-1]) and not any(parts[: len(s)] == s for s in left_out)
+
+    files = sorted(p for pattern in KEPT for p in folder.rglob(pattern) if kept(p))
     if not any(p.suffix == ".safetensors" for p in files):
         raise FileNotFoundError(f"{folder} holds no .safetensors weights to pack")
     buffer = io.BytesIO()
@@ -56,7 +70,7 @@ def pack(folder: str | Path, out: str | Path, name: str, part_mb: float = 15.0) 
         atomic_write_bytes(part, chunk)
         parts.append({"file": part.name, "bytes": len(chunk), "sha256": hashlib.sha256(chunk).hexdigest()})
     manifest = out / f"{name}.parts.json"
-    atomic_write_json(manifest, {"folder": folder.name, "files": [str(p.relative_to(folder)) for p in files], "parts": parts})
+    atomic_write_json(manifest, {"folder": folder.name, "files": [str(p.relative_to(folder)) for p in files], "skipped": sorted(skip), "parts": parts})
     return manifest
 
 
@@ -101,16 +115,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("out")
     p.add_argument("name")
     p.add_argument("--part-mb", type=float, default=15.0, help="largest part, MB (default 15: the GPU host returns files up to 16 MB)")
+    p.add_argument("--skip", nargs="*", default=[], help="files or subfolders to leave out (a world model: vae latents.safetensors latents.json)")
     u = verbs.add_parser("unpack", help="NAME.parts.json and its parts -> the model folder")
     u.add_argument("manifest")
     u.add_argument("out")
     u.add_argument("--search", nargs="*", default=[], help="more folders holding parts")
     args = parser.parse_args(argv)
     if args.verb == "pack":
-        manifest = pack(args.folder, args.out, args.name, args.part_mb)
+        manifest = pack(args.folder, args.out, args.name, args.part_mb, args.skip)
         print(f"packed {args.folder}: {len(json.loads(manifest.read_text())['parts'])} part file(s) listed in {manifest}")
     else:
-        print(f"unpacked {unpack(args.manifest, args.out, args.search)}")
+        folder = unpack(args.manifest, args.out, args.search)
+        skipped = json.loads(Path(args.manifest).read_text()).get("skipped") or []
+        print(f"unpacked {folder}" + (f" (left out when packed: {', '.join(skipped)})" if skipped else ""))
     return 0
 
 
