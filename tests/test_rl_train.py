@@ -197,8 +197,42 @@ def test_rates_that_match_but_verdicts_that_do_not_are_diagnosed(tmp_path):
     assert [row["chunks"] for row in faithful["tracking"]] == [row["chunks"] for row in result["tracking"]] == [1, 2]
     for good, bad in zip(faithful["tracking"], result["tracking"]):
         assert good["psnr"] > bad["psnr"] + 10 and good["psnr"] > good["psnr_initial_frame"] + 10, (good, bad)
+        assert good["token_agreement"] == 1.0, good  # the same frames, the same greedy actions
         assert 0 < good["episodes_running"] <= episodes
     assert "after 1/2 chunks: PSNR" in results_table([result])
+
+
+def test_trajectory_tracking_on_hand_made_rollouts():
+    """Rows after 1 and 2 chunks (3 chunks observed); only episodes still running in both count for
+    PSNR and actions; "succeeded by then" counts the chunks before."""
+    from worldloop.rl.rollout import Rollout, trajectory_tracking
+
+    n, t = 4, 3
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (n, t, 4, 4, 3), dtype=torch.uint8, generator=generator)
+    other = images.clone()
+    other[:, 2] = 255 - images[:, 2]  # imagination departs in the third observation
+    tokens = torch.zeros(n, t, 2, 1, dtype=torch.long)
+    other_tokens = tokens.clone()
+    other_tokens[0, 1, 0, 0] = 5  # one of episode 0's two tokens differs after 1 chunk
+    done = torch.zeros(n, t, dtype=torch.bool)
+    done[3] = True  # episode 3 ended in its first chunk
+    success = torch.zeros(n, t, dtype=torch.bool)
+    success[1, 1] = True
+    imagined_success = success.clone()
+    imagined_success[2, 1] = True
+
+    def rollout(images, tokens, success):
+        zeros = torch.zeros(n, t)
+        return Rollout(images, ["x"] * n, tokens, zeros[..., None, None].expand(n, t, 2, 1), zeros, done, done, success, torch.zeros(n))
+
+    rows = trajectory_tracking(rollout(images, tokens, success), rollout(other, other_tokens, imagined_success), ["a"] * n)
+    assert [(r["chunks"], r["episodes_running"]) for r in rows] == [(1, 3), (2, 3)]
+    assert rows[0]["psnr"] == pytest.approx(100.0) and rows[1]["psnr"] < 10.0  # identical, then inverted frames
+    assert rows[0]["token_agreement"] == pytest.approx(5 / 6) and rows[1]["token_agreement"] == 1.0
+    assert rows[0]["kappa"] is None  # nobody succeeded in chunk 0: undefined
+    assert (rows[1]["real_success_by_then"], rows[1]["imagined_success_by_then"]) == (0.25, 0.5)
+    assert rows[1]["kappa"] == pytest.approx(0.5)  # agreement 3/4, chance 1/2
 
 
 def test_reality_check_writes_real_next_to_imagined_videos(tmp_path):

@@ -204,9 +204,11 @@ def trajectory_tracking(real: Rollout, imagined: Rollout, tasks: Sequence[str]) 
     """How long imagination follows the real trajectory, from the same initial states under the same
     policy, after 1, 2, 4, 8, ... chunks: the PSNR of the imagined observation against the real one,
     over the episodes still running in both, beside the PSNR of the initial frame against the real one
-    (as if nothing had moved: below it, imagination has lost the scene); and how well "succeeded by
-    then" agrees beyond chance (Cohen's kappa within tasks). Greedy policies make the two comparable:
-    sampling draws different actions in the two worlds."""
+    (as if nothing had moved: below it, imagination has lost the scene); the share of action tokens the
+    policy chooses alike from the two observations (1 at the start, where they are the same frame: low
+    while the PSNR is still high means the policy reacts to the world model's artefacts); and how well
+    "succeeded by then" agrees beyond chance (Cohen's kappa within tasks). Greedy policies make the two
+    comparable: sampling draws different actions in the two worlds."""
     from worldloop.worldmodel.metrics import psnr
 
     rows = []
@@ -223,6 +225,7 @@ def trajectory_tracking(real: Rollout, imagined: Rollout, tasks: Sequence[str]) 
             "episodes_running": int(running.sum()),
             "psnr": float(psnr(imagined.images[running, chunks], real_now).mean()),
             "psnr_initial_frame": float(psnr(real.images[running, 0], real_now).mean()),
+            "token_agreement": float((real.tokens[running, chunks] == imagined.tokens[running, chunks]).float().mean()),
             "real_success_by_then": float(by_then_real.float().mean()),
             "imagined_success_by_then": float(by_then_imagined.float().mean()),
             "kappa": agreement["kappa"],
