@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from _policy_fixtures import CLOSE, OPEN, IMAGE, images, synthetic_episodes, tiny_config
 from worldloop.policies.modeling_vla import CompactVLA
-from worldloop.policies.sft import action_chunks, fit_policy, random_shift, select_episodes
+from worldloop.policies.sft import action_chunks, fit_policy, random_blur, random_shift, select_episodes
 
 
 def test_action_chunks_repeat_the_last_action():
@@ -33,6 +33,17 @@ def test_random_shift_moves_pixels_within_bounds():
     assert torch.equal(random_shift(frames, 0, torch.Generator()), frames)
 
 
+def test_random_blur_blurs_a_share_of_frames_reproducibly():
+    frames = torch.randint(0, 256, (64, 16, 16, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    blurred = random_blur(frames, 0.5, torch.Generator().manual_seed(1))
+    assert blurred.shape == frames.shape and blurred.dtype == torch.uint8
+    changed = (blurred != frames).flatten(1).any(dim=1)
+    assert 16 < int(changed.sum()) < 48  # about half of the frames
+    assert blurred[changed].float().std() < frames[changed].float().std()  # blur smooths noise
+    assert torch.equal(blurred, random_blur(frames, 0.5, torch.Generator().manual_seed(1)))
+    assert torch.equal(random_blur(frames, 0.0, torch.Generator()), frames)
+
+
 def test_instruction_decides_the_action_after_sft(tmp_path):
     """Frames look alike for both instructions: only the instruction can tell +0.8 from -0.8."""
     config = tiny_config("sft.steps=150", "sft.checkpoint_every=1000", "sft.eval_every=75")
@@ -52,7 +63,7 @@ def test_instruction_decides_the_action_after_sft(tmp_path):
 
 
 def test_resume_is_exact(tmp_path):
-    config = tiny_config("sft.steps=6", "sft.checkpoint_every=100", "sft.batch_size=8")
+    config = tiny_config("sft.steps=6", "sft.checkpoint_every=100", "sft.batch_size=8", "sft.augment_blur=0.5")
     train, held = synthetic_episodes(4, length=6), synthetic_episodes(2, seed=1, length=6)
     args = ([OPEN, CLOSE], IMAGE, 4)
     fit_policy(config, train, held, tmp_path / "straight", *args)

@@ -71,6 +71,10 @@ class SFTConfig:
     """Gradient-norm clip (0: off)."""
     augment_shift: int = 4
     """Random shift augmentation: pad by this many pixels (edge replicate) and crop back at random (0: off)."""
+    augment_blur: float = 0.0
+    """Share of training frames Gaussian-blurred (sigma 0.1-1.5 px, as the judge's world-model artefacts), so that
+    the policy chooses the same actions from a world model's blurrier frames as from the simulator's (0: off).
+    Unmeasured on the H200; rl's tracking (same action tokens after 1, 2, 4... chunks) is the measure."""
     held_out_fraction: float = 0.1
     """Fraction of each task's episodes kept out of training to measure held-out loss and accuracy."""
     held_out_samples: int = 512
@@ -87,6 +91,8 @@ class SFTConfig:
             raise ValueError(f"held_out_fraction must be in [0, 1), got {self.held_out_fraction}")
         if self.warmup_steps < 0 or self.augment_shift < 0 or self.grad_clip < 0 or self.weight_decay < 0:
             raise ValueError("warmup_steps, augment_shift, grad_clip and weight_decay must be >= 0")
+        if not 0 <= self.augment_blur <= 1:
+            raise ValueError(f"augment_blur is a share of frames, in [0, 1]; got {self.augment_blur}")
         if self.eval_every < 1 or self.checkpoint_every < 1 or self.held_out_samples < 1:
             raise ValueError("eval_every, checkpoint_every and held_out_samples must be >= 1")
 

@@ -5,7 +5,7 @@ the episode's last action; the loss is the cross-entropy of the K x A action tok
 bottom, :func:`fit_policy` is the whole algorithm:
 
     fit the action tokenizer on the training actions -> build the policy -> AdamW + warm-up/cosine
-    -> loop: sample a batch, random shift, forward (bf16 on GPU), token cross-entropy, step
+    -> loop: sample a batch, random shift (and blur), forward (bf16 on GPU), token cross-entropy, step
        every eval_every: held-out loss and token accuracy; every checkpoint_every: a resume point
     -> the model folder (config.json, model.safetensors, norm_stats.json) in OUT.
 
@@ -95,6 +95,15 @@ def random_shift(images: torch.Tensor, shift: int, generator: torch.Generator) -
     rows = (torch.arange(height, device=images.device)[None] + offsets[:, :1]).clamp(0, height - 1)  # (B, H)
     cols = (torch.arange(width, device=images.device)[None] + offsets[:, 1:]).clamp(0, width - 1)  # (B, W)
     return images[torch.arange(batch, device=images.device)[:, None, None], rows[:, :, None], cols[:, None, :]]
+
+
+def random_blur(images: torch.Tensor, prob: float, generator: torch.Generator) -> torch.Tensor:
+    """Gaussian-blur a random ``prob`` share of uint8 frames (B, H, W, 3), like a world model's output."""
+    from worldloop.rewards.augment import gaussian_blur
+
+    floats = images.permute(0, 3, 1, 2).float() / 255.0
+    blurred = gaussian_blur(floats, prob, generator=generator)
+    return (blurred * 255.0).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
 
 
 @torch.no_grad()
@@ -192,6 +201,8 @@ def fit_policy(
         images = train.frames[index.to(device)]
         if sft.augment_shift:
             images = random_shift(images, sft.augment_shift, sampler)
+        if sft.augment_blur:
+            images = random_blur(images, sft.augment_blur, sampler)
         batch_instructions = [instructions[i] for i in train.instruction_ids[index.to(device)].tolist()]
         with _autocast(device):
             logits, _ = policy(images, batch_instructions)  # (B, K, A, bins)

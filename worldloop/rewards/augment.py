@@ -38,14 +38,23 @@ def colour_jitter(images: torch.Tensor, strength: float) -> torch.Tensor:
     return images.clamp(0.0, 1.0)
 
 
-def gaussian_blur(images: torch.Tensor, prob: float, sigma_range: tuple[float, float] = (0.1, 1.5)) -> torch.Tensor:
-    """Blur a random ``prob`` share of the images with a per-image sigma (separable grouped conv)."""
+def gaussian_blur(
+    images: torch.Tensor, prob: float, sigma_range: tuple[float, float] = (0.1, 1.5), generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Blur a random ``prob`` share of the images with a per-image sigma (separable grouped conv).
+    ``generator`` (optional, any device) makes the draws reproducible, e.g. for a training run's exact resume."""
     if prob <= 0:
         return images
     b, c, h, w = images.shape
     radius = max(1, int(round(3 * sigma_range[1])))
     offsets = torch.arange(-radius, radius + 1, device=images.device, dtype=images.dtype)
-    sigma = torch.empty(b, 1, device=images.device, dtype=images.dtype).uniform_(*sigma_range)
+    if generator is None:
+        sigma = torch.empty(b, 1, device=images.device, dtype=images.dtype).uniform_(*sigma_range)
+        pick = torch.rand(b, 1, 1, 1, device=images.device)
+    else:  # drawn where the generator lives, then moved
+        draws = torch.rand(2, b, generator=generator, device=generator.device).to(images.device)
+        sigma = (sigma_range[0] + draws[0] * (sigma_range[1] - sigma_range[0])).to(images.dtype)[:, None]
+        pick = draws[1].view(b, 1, 1, 1)
     kernel = torch.exp(-0.5 * (offsets / sigma) ** 2)
     kernel = kernel / kernel.sum(dim=1, keepdim=True)  # (B, k)
     kernel = kernel.repeat_interleave(c, dim=0)  # (B*C, k): one kernel per image channel
@@ -54,7 +63,7 @@ def gaussian_blur(images: torch.Tensor, prob: float, sigma_range: tuple[float, f
     flat = F.conv2d(flat, kernel.view(b * c, 1, 1, -1), groups=b * c)
     flat = F.conv2d(flat, kernel.view(b * c, 1, -1, 1), groups=b * c)
     blurred = flat.view(b, c, h, w)
-    chosen = (torch.rand(b, 1, 1, 1, device=images.device) < prob).to(images.dtype)
+    chosen = (pick < prob).to(images.dtype)
     return chosen * blurred + (1 - chosen) * images
 
 
