@@ -29,7 +29,8 @@ def collect_results(run: Path, paths: dict[str, str], stage_seconds: dict[str, f
             imagination[name] = {
                 "evaluations": [
                     {"iteration": e["iteration"], "real": _rate(e["real"]), **({"imagined": _rate(e["imagined"])} if "imagined" in e else {}),
-                     **({"kappa": e["kappa"], "kappa_stderr": e["kappa_stderr"]} if e.get("kappa") is not None else {})}  # fmt: skip
+                     **({"kappa": e["kappa"], "kappa_stderr": e["kappa_stderr"]} if e.get("kappa") is not None else {}),
+                     **({"tracking": e["tracking"]} if e.get("tracking") else {})}  # fmt: skip
                     for e in rl["evaluations"]
                 ],
                 "train_success": [h.get("env/success_once") for h in rl["history"]],
@@ -74,6 +75,13 @@ def render_markdown(run: Path, results: dict[str, Any], plots: list[str]) -> str
             for e in block["evaluations"]:
                 kappa = format_kappa(e["kappa"], e["kappa_stderr"]) if "kappa" in e else "-"
                 lines.append(f"| {stage} | {e['iteration']} | {_cell(e['real'])} | {_cell(e.get('imagined'))} | {kappa} |")
+        tracked = [(stage, e) for stage, block in results["imagination_vs_reality"].items() for e in block["evaluations"] if e.get("tracking")]
+        if tracked:
+            from worldloop.rl.rollout import tracking_line
+
+            lines += ["", "How long imagination follows the real trajectory (PSNR of the imagined against the real observation,",
+                      "beside the initial frame's; the share of equal action tokens; the kappa of \"succeeded by then\"):", ""]
+            lines += [f"- {stage} @ {e['iteration']}: {tracking_line(e['tracking'])}" for stage, e in tracked]
     for name, horizons in results["world_model"].items():
         lines += ["", f"## World model ({name}): open-loop replay of held-out trajectories", ""]
         lines += ["| horizon | episodes | PSNR | copy-last-frame PSNR | SSIM | copy-last-frame SSIM |", "| ---: | ---: | ---: | ---: | ---: | ---: |"]

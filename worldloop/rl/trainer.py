@@ -34,7 +34,7 @@ from worldloop.rl.advantages import explained_variance, gae, grpo_advantages, in
 from worldloop.rl.configuration import RLConfig
 from worldloop.rl.curves import plot_curves
 from worldloop.rl.losses import clipped_policy_loss, clipped_value_loss, entropy_bonus, kl_penalty
-from worldloop.rl.rollout import autocast, check_compatible, collect, policy_device
+from worldloop.rl.rollout import autocast, check_compatible, collect, policy_device, tracking_line
 from worldloop.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from worldloop.utils.io import atomic_write_json, atomic_write_text
 from worldloop.utils.stats import format_kappa
@@ -327,17 +327,6 @@ def results_table(evaluations: list[dict[str, Any]]) -> str:
         lines += ["", "From the same initial states, how long imagination follows the real trajectory:", ""]
         lines += [f"- iteration {result['iteration']}: {tracking_line(result['tracking'])}" for result in tracked]
     return "\n".join(lines) + "\n"
-
-
-def tracking_line(rows: list[dict[str, Any]]) -> str:
-    """'imagined vs real after 1/2/4 chunks: PSNR 31.2/27.5/22.0 dB (initial frame 28.0/24.1/21.5),
-    same action tokens 0.91/0.62/0.40, success-by-then kappa 0.40/0.21/-'."""
-    def joined(key: str, pattern: str = "{:.1f}") -> str:
-        return "/".join("-" if row.get(key) is None else pattern.format(row[key]) for row in rows)
-
-    return (f"imagined vs real after {joined('chunks', '{}')} chunks: PSNR {joined('psnr')} dB "
-            f"(initial frame {joined('psnr_initial_frame')}), same action tokens {joined('token_agreement', '{:.2f}')}, "
-            f"success-by-then kappa {joined('kappa', '{:.2f}')}")
 
 
 def _agreement(result: dict[str, Any]) -> str:
