@@ -37,7 +37,7 @@ def test_episode_threshold_judges_episodes_the_way_rl_does():
     """Per episode, the score is the highest P(success) among the frames judged once per chunk; the
     'episode_kappa' threshold agrees best with the simulator beyond chance, the highest such one."""
     from worldloop.rewards.metrics import max_kappa_threshold
-    from worldloop.rewards.train import episode_scores, episode_verdicts
+    from worldloop.rewards.train import episode_scores, episode_summary
 
     # two episodes of 9 labelled frames (times 1..9), verdicts at times 4 and 8 (chunks of 4)
     success = torch.tensor([False] * 9 + [False] * 6 + [True] * 3)
@@ -48,7 +48,7 @@ def test_episode_threshold_judges_episodes_the_way_rl_does():
     probabilities[[9 + 3, 9 + 7]] = [0.2, 0.7]  # episode 1: its judged frames, times 4 and 8
     scores, real, task = episode_scores(probabilities, data, verdict_every=4)
     assert scores.tolist() == [0.4, 0.7] and real.tolist() == [False, True] and task.tolist() == [0, 1]
-    verdicts = episode_verdicts(probabilities, data, threshold=0.3, verdict_every=4)
+    verdicts = episode_summary(probabilities, data, threshold=0.3, verdict_every=4)
     assert (verdicts["false_success"], verdicts["missed_success"], verdicts["judged_success_once"]) == (1, 0, 1.0)
     # Hand-worked, success [F, T, F, T] and scores 0.1-0.4: ">= 0.2" judges [F, T, T, T] (agreement 3/4,
     # chance 1/2, kappa 1/2), ">= 0.3" [F, F, T, T] (kappa 0), ">= 0.4" [F, F, F, T] (kappa 1/2 again).
@@ -129,14 +129,14 @@ def test_classifier_learns_a_task_dependent_success_cue(trained):
 def test_episode_kappa_threshold_on_a_trained_classifier(trained):
     """On the held-out episodes, judged once every 4 frames, the chosen threshold's verdicts are the
     simulator's; metrics.json reports every set's episode verdicts at the saved threshold."""
-    from worldloop.rewards.train import choose_threshold, episode_verdicts, predict
+    from worldloop.rewards.train import choose_threshold, episode_summary, predict
 
     out, metrics, held_out = trained
     assert metrics["held_out"]["episodes"]["count"] == 8 and metrics["held_out"]["episodes"]["verdict_every"] == 8
     model = SuccessClassifier.from_pretrained(out / "model")
     assert choose_threshold(model, "episode_kappa", held_out, "held_out", verdict_every=4) == (
         "episode_kappa on held_out (8 episodes, a verdict every 4 frames)")
-    verdicts = episode_verdicts(predict(model, held_out), held_out, model.threshold, verdict_every=4)
+    verdicts = episode_summary(predict(model, held_out), held_out, model.threshold, verdict_every=4)
     assert verdicts["kappa"] == pytest.approx(1.0) and verdicts["false_success"] == verdicts["missed_success"] == 0
     assert model.threshold != 0.5
 

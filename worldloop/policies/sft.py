@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from worldloop.policies.modeling_vla import CompactVLA
 from worldloop.policies.tokenizer import ActionTokenizer
+from worldloop.rewards.augment import gaussian_blur
 
 
 class EpisodeLike(Protocol):
@@ -99,8 +100,6 @@ def random_shift(images: torch.Tensor, shift: int, generator: torch.Generator) -
 
 def random_blur(images: torch.Tensor, prob: float, generator: torch.Generator) -> torch.Tensor:
     """Gaussian-blur a random ``prob`` share of uint8 frames (B, H, W, 3), like a world model's output."""
-    from worldloop.rewards.augment import gaussian_blur
-
     floats = images.permute(0, 3, 1, 2).float() / 255.0
     blurred = gaussian_blur(floats, prob, generator=generator)
     return (blurred * 255.0).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous()

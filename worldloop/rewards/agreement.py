@@ -25,8 +25,8 @@ import numpy as np
 
 from worldloop.rewards.calibrate import calibration_metrics, score_windows
 from worldloop.rewards.configuration import CalibrateConfig
+from worldloop.rewards.metrics import episode_verdict_metrics
 from worldloop.rewards.protocol import Judge
-from worldloop.utils.stats import agreement_beyond_chance
 
 
 def imagined_episodes(model: Any, episodes: Sequence[Any], batch: int = 32, seed: int = 0) -> list[Any]:
@@ -65,22 +65,13 @@ def agreement_metrics(
         raise ValueError("real and imagined windows must be the same (episode, time) pairs in the same order")
     verdict_real, verdict_imagined = real["probability"] >= threshold, imagined["probability"] >= threshold
     ids, success, judged = episode_verdicts(imagined, threshold)
-    beyond_chance = agreement_beyond_chance(success, judged, [tasks[int(i)] for i in ids] if tasks else [""] * len(ids))
+    episodes = episode_verdict_metrics(success, judged, [tasks[int(i)] for i in ids] if tasks else [""] * len(ids))
+    episodes["imagined_judged_success_once"], episodes["agreement_by_chance"] = episodes.pop("judged_success_once"), episodes.pop("chance")
     return {
         "threshold": threshold,
         "imagined": calibration_metrics(imagined, threshold),
         "window_verdict_agreement": float((verdict_real == verdict_imagined).mean()),
-        "episodes": {
-            "count": int(len(success)),
-            "real_success_once": float(success.mean()),
-            "imagined_judged_success_once": float(judged.mean()),
-            "agreement": beyond_chance["agreement"],
-            "agreement_by_chance": beyond_chance["chance"],
-            "kappa": beyond_chance["kappa"],
-            "kappa_stderr": beyond_chance["kappa_stderr"],
-            "false_success": int((judged & ~success).sum()),
-            "missed_success": int((success & ~judged).sum()),
-        },
+        "episodes": episodes,
     }
 
 

@@ -5,6 +5,8 @@ Plain numpy (no scikit-learn or scipy needed on the GPU host).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from worldloop.utils.stats import agreement_beyond_chance
@@ -70,6 +72,22 @@ def suggest_thresholds(probabilities: np.ndarray, labels: np.ndarray) -> dict[st
     f1 = 2 * precision * recall / np.maximum(precision + recall, 1e-12)
     youden = recall - (fired - true_pos) / negatives
     return {"max_f1": float(thresholds[np.argmax(f1)]), "youden": float(thresholds[np.argmax(youden)])}
+
+
+def episode_verdict_metrics(success: np.ndarray, judged: np.ndarray, strata: list) -> dict[str, Any]:
+    """Per-episode success_once verdicts against the simulator's: both rates, agreement, the agreement chance
+    gives within each stratum (task), Cohen's kappa, and the false successes (what RL would be paid for)
+    and missed ones."""
+    success, judged = np.asarray(success, dtype=bool), np.asarray(judged, dtype=bool)
+    beyond_chance = agreement_beyond_chance(success, judged, strata)
+    return {
+        "count": int(len(success)),
+        "real_success_once": float(success.mean()),
+        "judged_success_once": float(judged.mean()),
+        **{key: beyond_chance[key] for key in ("agreement", "chance", "kappa", "kappa_stderr")},
+        "false_success": int((judged & ~success).sum()),
+        "missed_success": int((success & ~judged).sum()),
+    }
 
 
 def max_kappa_threshold(scores: np.ndarray, success: np.ndarray, strata: np.ndarray) -> float | None:

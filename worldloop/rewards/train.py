@@ -18,11 +18,10 @@ from worldloop.rewards.augment import world_model_artefacts
 from worldloop.rewards.classifier import MODEL_SUBFOLDER, SuccessClassifier
 from worldloop.rewards.configuration import ClassifierConfig
 from worldloop.rewards.labels import NO_POSITIVE_HINT, LabelledFrames
-from worldloop.rewards.metrics import at_threshold, auroc, max_kappa_threshold, suggest_thresholds
+from worldloop.rewards.metrics import at_threshold, auroc, episode_verdict_metrics, max_kappa_threshold, suggest_thresholds
 from worldloop.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from worldloop.utils.device import autocast_dtype
 from worldloop.utils.io import atomic_write_json
-from worldloop.utils.stats import agreement_beyond_chance
 
 
 @torch.no_grad()
@@ -56,20 +55,10 @@ def episode_scores(probabilities: np.ndarray, data: LabelledFrames, verdict_ever
     return scores, success, task
 
 
-def episode_verdicts(probabilities: np.ndarray, data: LabelledFrames, threshold: float, verdict_every: int) -> dict:
+def episode_summary(probabilities: np.ndarray, data: LabelledFrames, threshold: float, verdict_every: int) -> dict:
     """How the frame threshold does where it is used: success_once per episode, judged vs the simulator."""
     scores, success, task = episode_scores(probabilities, data, verdict_every)
-    judged = scores >= threshold
-    beyond_chance = agreement_beyond_chance(success, judged, task.tolist())
-    return {
-        "count": int(len(scores)),
-        "verdict_every": verdict_every,
-        "real_success_once": float(success.mean()),
-        "judged_success_once": float(judged.mean()),
-        "false_success": int((judged & ~success).sum()),
-        "missed_success": int((success & ~judged).sum()),
-        **{key: beyond_chance[key] for key in ("agreement", "chance", "kappa", "kappa_stderr")},
-    }
+    return {**episode_verdict_metrics(success, scores >= threshold, task.tolist()), "verdict_every": verdict_every}
 
 
 def evaluate(model: SuccessClassifier, data: LabelledFrames, verdict_every: int = 8) -> dict:
@@ -81,7 +70,7 @@ def evaluate(model: SuccessClassifier, data: LabelledFrames, verdict_every: int 
         "auroc": auroc(probabilities, labels),
         "at_threshold": at_threshold(probabilities, labels, model.threshold),
         "suggested_threshold": suggest_thresholds(probabilities, labels),
-        "episodes": episode_verdicts(probabilities, data, model.threshold, verdict_every),
+        "episodes": episode_summary(probabilities, data, model.threshold, verdict_every),
     }
 
 
