@@ -42,6 +42,8 @@ def test_random_blur_blurs_a_share_of_frames_reproducibly():
     assert blurred[changed].float().std() < frames[changed].float().std()  # blur smooths noise
     assert torch.equal(blurred, random_blur(frames, 0.5, torch.Generator().manual_seed(1)))
     assert torch.equal(random_blur(frames, 0.0, torch.Generator()), frames)
+    with pytest.raises(ValueError, match="augment_blur is a share of frames"):
+        tiny_config("sft.augment_blur=1.5")
 
 
 def test_instruction_decides_the_action_after_sft(tmp_path):

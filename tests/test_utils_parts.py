@@ -67,3 +67,8 @@ def test_command_line_round_trip(vae_folder, tmp_path, capsys):
     assert "1 part file(s)" in capsys.readouterr().out
     assert main(["unpack", str(tmp_path / "vae.parts.json"), str(tmp_path / "copy")]) == 0
     assert vae_lib.load_vae(tmp_path / "copy").config.z_dim == 8
+    # a missing manifest or a typo in --skip: exit 2 with the reason, no traceback
+    assert main(["unpack", str(tmp_path / "nope.parts.json"), str(tmp_path / "x")]) == 2
+    assert "parts: error:" in capsys.readouterr().err
+    assert main(["pack", str(vae_folder), str(tmp_path), "vae", "--skip", "vea"]) == 2
+    assert "no 'vea' to skip" in capsys.readouterr().err

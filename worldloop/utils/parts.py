@@ -24,6 +24,7 @@ import argparse
 import hashlib
 import io
 import json
+import sys
 import tarfile
 from pathlib import Path
 from typing import Sequence
@@ -121,6 +122,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     u.add_argument("out")
     u.add_argument("--search", nargs="*", default=[], help="more folders holding parts")
     args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except (FileNotFoundError, ValueError) as error:  # missing or corrupt input: say what, not a traceback
+        print(f"parts: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.verb == "pack":
         manifest = pack(args.folder, args.out, args.name, args.part_mb, args.skip)
         print(f"packed {args.folder}: {len(json.loads(manifest.read_text())['parts'])} part file(s) listed in {manifest}")
