@@ -47,8 +47,11 @@ def test_rl_in_imagination_raises_real_success(tmp_path):
     # Metrics the field expects are logged; the run folder is complete.
     names = set(results["history"][-1])
     for name in ("env/success_once", "env/return", "env/episode_len", "rollout/advantages_mean", "actor/policy_loss", "actor/approx_kl",
-                 "actor/clip_fraction", "actor/entropy", "actor/grad_norm", "actor/lr", "time/rollout", "time/update"):  # fmt: skip
+                 "actor/clip_fraction", "actor/entropy", "actor/grad_norm", "actor/lr", "time/rollout", "time/update",
+                 "actor/approx_kl_before_update"):  # fmt: skip
         assert name in names, name
+    # The rollout's log-probs are those the update computes for the same weights.
+    assert max(h.get("actor/approx_kl_before_update", 0.0) for h in results["history"]) < 1e-6
     run = tmp_path / "run"
     assert (run / "policy" / "model.safetensors").is_file() and any((run / "tb").iterdir())
     assert json.loads((run / "results.json").read_text())["evaluations"][-1]["real"] == after["real"]
@@ -71,6 +74,7 @@ def test_resume_gives_the_same_next_step(tmp_path):
     _run(tmp_path / "b", 1)
     resumed, resumed_results = _run(tmp_path / "b", 2)  # a fresh process would do the same: rebuild, then resume
     assert resumed_results["history"][1]["actor/policy_loss"] == straight_results["history"][1]["actor/policy_loss"]
+    assert resumed_results["history"][1]["actor/lr"] == straight_results["history"][1]["actor/lr"] < 3e-3  # mid warm-up
     assert "actor/kl_loss" in straight_results["history"][1]
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name
@@ -90,6 +94,82 @@ def test_ppo_and_grpo_in_the_real_env(tmp_path):
     # GRPO straight in the "real" environment (the loop's baseline): groups share the simulator seed.
     results = train(ToyPolicy(), ToyEnv(16), config(group_size=4, num_groups=4), tmp_path / "grpo", tasks=[TASK], console=False)
     assert len(results["history"]) == 2
+
+
+def test_learning_rate_warms_up_linearly(tmp_path):
+    """A fresh Adam's first steps move every weight by about lr: the warm-up takes lr / W, 2 lr / W, ... for
+    W optimizer steps, then lr. Two iterations of 2 epochs x 2 minibatches are 8 steps."""
+    lrs = {}
+    for warmup in (0, 6):
+        torch.manual_seed(0)
+        rl = config(lr=1e-3, lr_warmup_steps=warmup, update_epochs=2, num_minibatches=2, filter_groups=False)
+        results = train(ToyPolicy(), imagined(32, 8), rl, tmp_path / f"w{warmup}", console=False)
+        lrs[warmup] = [h["actor/lr"] for h in results["history"]]  # the lr of each iteration's first step
+    assert lrs[0] == [1e-3, 1e-3]
+    assert lrs[6] == pytest.approx([1e-3 / 6, 1e-3 * 5 / 6])
+    with pytest.raises(ValueError, match="lr_warmup_steps"):
+        RLConfig(lr_warmup_steps=-1).validate()
+
+
+class SharperInTheUpdate(ToyPolicy):
+    """A policy whose update-time log-probs are not those it sampled with (as bf16 or a changed input path would do)."""
+
+    def evaluate(self, images, instructions, tokens, temperature=1.0):
+        return super().evaluate(images, instructions, tokens, temperature / 3)
+
+
+def test_a_rollout_update_mismatch_shows_before_the_first_step(tmp_path):
+    torch.manual_seed(0)
+    results = train(SharperInTheUpdate(), imagined(32, 8), config(iterations=1, filter_groups=False), tmp_path / "run", console=False)
+    assert results["history"][0]["actor/approx_kl_before_update"] > 0.01
+
+
+def overfit_compact_vla(steps: int = 250) -> torch.nn.Module:
+    """A 1.3M-parameter compact VLA trained to certainty on 32 toy frames, like a one-demonstration SFT
+    policy (confident, and unsure nowhere else): cross-entropy to the straight move towards the target."""
+    from worldloop.envs.toy import TARGETS, render
+    from worldloop.envs.toy import instruction as toy_instruction
+    from worldloop.policies.configuration import PolicyConfig
+    from worldloop.policies.modeling_vla import CompactVLA
+    from worldloop.policies.sft import warmup_cosine
+    from worldloop.policies.tokenizer import ActionTokenizer
+
+    torch.manual_seed(0)
+    config = PolicyConfig(vision_widths=[16, 32, 64, 128], image_grid=4, width=128, depth=2, heads=4, chunk_size=4, num_bins=256)
+    tokenizer = ActionTokenizer.fit(torch.rand(512, 2) * 2 - 1, (0.0, 100.0), 256)
+    policy = CompactVLA(config, 2, 32, tokenizer)
+    target, text = torch.tensor(TARGETS[TASK]), toy_instruction(TASK)
+    dots = torch.rand(32, 2) * 0.7 + 0.15
+    frames = render(dots[:, None], target.expand(32, 1, 2), 32)[:, 0]
+    tokens = tokenizer.encode(((target - dots) / 0.3).clamp(-1, 1)[:, None].expand(-1, 4, -1))
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=3e-4, weight_decay=0.01, betas=(0.9, 0.95))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_cosine(step, 10, steps))
+    for _ in range(steps):
+        logits, _ = policy(frames, [text] * 32)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 2), tokens.flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+    return policy
+
+
+def test_warm_up_keeps_the_first_update_of_a_confident_policy_small(tmp_path):
+    """The H200 sessions' first RL iteration moved the one-demonstration SFT policy to approx_kl 0.5 and 1.4,
+    the later ones ~0.02. The same on CPU: a fresh AdamW's first steps move every weight by about lr."""
+    policy = overfit_compact_vla()
+    start = {name: value.clone() for name, value in policy.state_dict().items()}
+    first_kl = {}
+    for warmup in (0, 16):
+        policy.load_state_dict(start)
+        torch.manual_seed(1)
+        rl = config(iterations=4, lr=3e-5, lr_warmup_steps=warmup, update_epochs=2, num_minibatches=4, checkpoint_every=100)
+        history = train(policy, imagined(32, 8), rl, tmp_path / f"w{warmup}", console=False)["history"]
+        updates = [h for h in history if "actor/approx_kl" in h]
+        first_kl[warmup] = updates[0]["actor/approx_kl"]
+        assert all(abs(h["actor/approx_kl_before_update"]) < 1e-6 for h in updates)  # the spike is the update, not the numerics
+        print(f"lr_warmup_steps={warmup}: approx_kl per update", [round(h["actor/approx_kl"], 4) for h in updates])
+    assert first_kl[0] > 0.2 and first_kl[0] > 5 * first_kl[16], first_kl  # seeds 1-3 gave 0.24-1.54 against 0.013-0.036
 
 
 def test_bad_input_gives_clear_errors(tmp_path):

@@ -31,7 +31,8 @@
 # `... unpack vae.parts.json .carry/vae` rebuilds it for the next lease's carry),
 # WM_FROM (a world-model folder from an earlier lease, vae/ included: the DiT trains on from it, for
 # WM_SECONDS more, on its VAE; no VAE is trained), CARRY (a folder: once trained, the DiT and the VAE
-# trained here are packed there in 15 MB parts; an extra poll call copies them to the device's OUT, and
+# trained here are packed there in 15 MB parts; poll calls copy them to the device's OUT, at most three
+# parts per call (a call returns ~64 MB at most: the eighth session lost its fifth part), and
 # the next lease unpacks them: `unpack wm.parts.json /root/wm`, then `unpack vae.parts.json /root/wm/vae`),
 # PRESET, EXTRA (overrides for every verb, e.g. a CPU dry run), EPISODES (50 per task,
 # collection and evaluations), RL_EPISODES (EPISODES: RL's real evaluations per task; the gain is judged

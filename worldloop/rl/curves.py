@@ -1,5 +1,6 @@
 """One PNG of an RL run (``OUT/curves.png``): what the real simulator and the imagined environment say
-at each evaluation, per task, and what training saw in imagination at every iteration."""
+at each evaluation, per task, what training saw in imagination at every iteration, and how far each
+update moved the policy."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 def plot_curves(results: dict[str, Any], path: str | Path) -> Path:
     """Left: real success_once per task (± standard error) at each evaluation, imagined from the same
     initial states dashed. Right: per training iteration, the imagined success_once, the share of
-    groups kept by GRPO and the share that were all-success (the signal RL had)."""
+    groups kept by GRPO and the share that were all-success (the signal RL had). Third: approx_kl, clip_fraction and
+    approx_kl before the update (rollout vs update numerics) per iteration, log scale."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -19,7 +21,7 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> Path:
     from worldloop.utils.io import atomic_path
 
     evaluations, history = results["evaluations"], results["history"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, (left, right, update) = plt.subplots(1, 3, figsize=(15, 3.8))
     tasks = list(evaluations[0]["real"]["per_task"]) if evaluations else []
     for index, task in enumerate(tasks):
         colour = f"C{index}"
@@ -40,6 +42,13 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> Path:
                 right.plot(steps, [h[name] for h in history], style, label=name)
         right.legend(fontsize=7)
     right.set(xlabel="RL iteration", ylim=(-0.03, 1.03), title="training rollouts (in the training environment)")
+    for name in ("actor/approx_kl", "actor/clip_fraction", "actor/approx_kl_before_update"):
+        points = [(h["iteration"], h[name]) for h in history if h.get(name, 0) > 0]
+        if points:
+            update.plot(*zip(*points), "o-", markersize=2, label=name)
+    update.set(xlabel="RL iteration", yscale="log", title="update size")
+    if update.lines:
+        update.legend(fontsize=7)
     fig.tight_layout()
     path = Path(path)
     with atomic_path(path) as tmp:

@@ -8,7 +8,8 @@ One iteration, top to bottom:
 3. advantages: GRPO (S - mean_g) / (std_g + 1e-6), groups without signal dropped; or PPO's GAE;
 4. loss: token-level clipped ratio (asymmetric clip), each trajectory's loss divided by its
    valid length, optional entropy bonus, optional KL to the starting policy, PPO's clipped value loss;
-5. update: several epochs of shuffled minibatches of valid chunks, gradient clipping;
+5. update: several epochs of shuffled minibatches of valid chunks, gradient clipping, AdamW whose
+   learning rate warms up linearly over the first optimizer steps;
 6. every ``eval_every`` iterations, the reality check: real-simulator success and imagined
    success from the same initial states; atomic checkpoints that resume exactly.
 
@@ -67,6 +68,7 @@ def train(
 
     parameters = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=rl.lr, weight_decay=rl.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / rl.lr_warmup_steps) if rl.lr_warmup_steps else 1.0)
     reference = copy.deepcopy(policy).eval().requires_grad_(False) if rl.kl_coef > 0 else None
 
     start, history, evaluations = 0, [], []
@@ -74,7 +76,7 @@ def train(
     checkpoint = latest_checkpoint(out)
     if checkpoint is not None:
         modules = {"policy": policy} | ({"reference": reference} if reference is not None else {})
-        start, extra = load_checkpoint(checkpoint, modules, {"optimizer": optimizer})
+        start, extra = load_checkpoint(checkpoint, modules, {"optimizer": optimizer, "scheduler": scheduler})
         history, evaluations = extra["history"], extra["evaluations"]
     writer = SummaryWriter(str(out / "tb"), purge_step=start)
 
@@ -148,6 +150,7 @@ def train(
         update_began = time.perf_counter()
         samples = weights.flatten().nonzero().squeeze(1)
         losses: dict[str, list[float]] = {}
+        metrics["actor/lr"] = scheduler.get_last_lr()[0]  # at this iteration's first step (it rises within the warm-up)
         policy.train()
         for _ in range(rl.update_epochs if len(samples) else 0):
             for batch in samples[torch.randperm(len(samples)).to(device)].chunk(rl.num_minibatches):
@@ -177,10 +180,14 @@ def train(
                     loss = loss + rl.kl_coef * kl
                     _append(losses, "actor/kl_loss", kl)
 
+                if "actor/approx_kl_before_update" not in metrics:
+                    # The same weights that sampled the rollout: ~0 unless rollout and update compute log-probs differently.
+                    metrics["actor/approx_kl_before_update"] = float(stats["approx_kl"])
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(parameters, rl.max_grad_norm)
                 optimizer.step()
+                scheduler.step()
                 for name, value in (
                     ("actor/policy_loss", policy_loss),
                     ("actor/approx_kl", stats["approx_kl"]),
@@ -199,7 +206,6 @@ def train(
             "env/episode_len": rollout.elapsed.float().mean().item(),
             "rollout/kept_groups": keep.float().mean().item(),
             "rollout/valid_chunks": float(len(samples)),
-            "actor/lr": optimizer.param_groups[0]["lr"],
         }
         group_success = rollout.success_once.view(-1, group_size)
         metrics["rollout/groups_all_success"] = group_success.all(dim=1).float().mean().item()
@@ -226,8 +232,8 @@ def train(
             writer.add_scalar(name, value, iteration + 1)
         history.append({"iteration": iteration + 1} | metrics)
         if console:
-            shown = ("env/success_once", "env/return", "env/episode_len", "rollout/kept_groups", "actor/policy_loss", "actor/approx_kl",
-                     "actor/clip_fraction", "actor/entropy", "actor/grad_norm", "critic/value_loss", "time/iteration")  # fmt: skip
+            shown = ("env/success_once", "env/return", "env/episode_len", "rollout/kept_groups", "actor/policy_loss", "actor/approx_kl_before_update",
+                     "actor/approx_kl", "actor/clip_fraction", "actor/entropy", "actor/grad_norm", "critic/value_loss", "time/iteration")  # fmt: skip
             tqdm.write(f"it {iteration + 1}: " + " ".join(f"{name} {metrics[name]:.4g}" for name in shown if name in metrics))
 
         # 6. The reality check and atomic checkpoints.
@@ -238,7 +244,7 @@ def train(
             evaluate(done_iterations)
         if last or done_iterations % rl.checkpoint_every == 0:
             modules = {"policy": policy} | ({"reference": reference} if reference is not None else {})
-            save_checkpoint(out, done_iterations, modules, {"optimizer": optimizer}, {"history": history, "evaluations": evaluations}, keep=rl.keep_checkpoints)
+            save_checkpoint(out, done_iterations, modules, {"optimizer": optimizer, "scheduler": scheduler}, {"history": history, "evaluations": evaluations}, keep=rl.keep_checkpoints)
         if out_of_time:
             if console:
                 tqdm.write(f"rl: time limit of {rl.time_limit_min} min reached after {done_iterations} iterations")
