@@ -12,7 +12,7 @@ from worldloop.envs.imagined import ImaginedEnv
 from worldloop.envs.toy import ToyEnv, ToyJudge, ToyWorldModel
 from worldloop.rl.configuration import RLConfig
 from worldloop.rl.rollout import RealityCheck
-from worldloop.rl.trainer import train
+from worldloop.rl.trainer import LARGE_UPDATE, train
 
 TASK = "reach-top-right"
 
@@ -164,9 +164,11 @@ def test_warm_up_keeps_the_first_update_of_a_confident_policy_small(tmp_path):
         policy.load_state_dict(start)
         torch.manual_seed(1)
         rl = config(iterations=4, lr=3e-5, lr_warmup_steps=warmup, update_epochs=2, num_minibatches=4, checkpoint_every=100)
-        history = train(policy, imagined(32, 8), rl, tmp_path / f"w{warmup}", console=False)["history"]
-        updates = [h for h in history if "actor/approx_kl" in h]
+        results = train(policy, imagined(32, 8), rl, tmp_path / f"w{warmup}", console=False)
+        updates = [h for h in results["history"] if "actor/approx_kl" in h]
         first_kl[warmup] = updates[0]["actor/approx_kl"]
+        jumps = [w["message"] for w in results["warnings"] if w["message"].startswith(LARGE_UPDATE)]
+        assert (len(jumps) == 1 and "rl.lr_warmup_steps" in jumps[0]) if warmup == 0 else jumps == [], jumps  # the run says why
         assert all(abs(h["actor/approx_kl_before_update"]) < 1e-6 for h in updates)  # the spike is the update, not the numerics
         print(f"lr_warmup_steps={warmup}: approx_kl per update", [round(h["actor/approx_kl"], 4) for h in updates])
     assert first_kl[0] > 0.2 and first_kl[0] > 5 * first_kl[16], first_kl  # seeds 1-3, one run: 0.24-1.54 against 0.013-0.036

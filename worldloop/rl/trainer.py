@@ -225,6 +225,11 @@ def train(
                 "rollout/advantages_min": used_advantages.min().item(),
             }
         metrics |= {name: sum(values) / len(values) for name, values in losses.items()}
+        jump = update_diagnosis(metrics, iteration + 1)
+        if jump and not any(w["message"].startswith(LARGE_UPDATE) for w in warnings):  # once per run
+            warnings.append({"iteration": iteration + 1, "message": jump})
+            if console:
+                tqdm.write(f"rl: WARNING {jump}")
         if ppo:
             metrics["critic/explained_variance"] = explained_variance(rollout.values, returns, weights)
         metrics["time/iteration"] = time.perf_counter() - began
@@ -264,6 +269,19 @@ SILENT_ITERATIONS = 5  # GRPO iterations without a single informative group befo
 OPTIMISTIC = "the imagined environment is optimistic"
 PESSIMISTIC = "the imagined environment is pessimistic"
 UNTRACKED = "the imagined environment does not track reality per episode"
+LARGE_UPDATE = "an update moved the policy far"
+LARGE_UPDATE_KL = 0.3  # healthy iterations of the H200 runs: approx_kl 0.01-0.07; the jumps: 0.54 and 1.43
+
+
+def update_diagnosis(metrics: dict[str, float], iteration: int) -> str:
+    """A warning when one iteration's update moved the policy far from the one that collected its
+    rollouts (mean approx_kl above ``LARGE_UPDATE_KL``): the clipped ratio no longer holds it near."""
+    kl = metrics.get("actor/approx_kl", 0.0)
+    if kl <= LARGE_UPDATE_KL:
+        return ""
+    return (f"{LARGE_UPDATE}: in iteration {iteration}, approx_kl {kl:.2f} and clip fraction {metrics.get('actor/clip_fraction', 0.0):.2f} "
+            "(healthy updates stay below ~0.05). A confident policy under a fresh optimizer does this in the first iterations "
+            "(docs/results.md, eighth H200 session): raise rl.lr_warmup_steps or lower rl.lr")  # fmt: skip
 
 
 def silence_diagnosis(metrics: dict[str, float], iterations: int) -> str:
