@@ -25,7 +25,7 @@ import numpy as np
 
 from worldloop.rewards.calibrate import calibration_metrics, score_windows
 from worldloop.rewards.configuration import CalibrateConfig
-from worldloop.rewards.metrics import episode_verdict_metrics
+from worldloop.rewards.metrics import episode_verdict_metrics, per_episode
 from worldloop.rewards.protocol import Judge
 
 
@@ -50,10 +50,8 @@ def imagined_episodes(model: Any, episodes: Sequence[Any], batch: int = 32, seed
 
 def episode_verdicts(table: dict[str, np.ndarray], threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The episode ids (sorted) and, per episode, the simulator's success and whether any window crossed the threshold."""
-    ids = np.unique(table["episode"])
-    real = np.array([table["episode_success"][table["episode"] == i].any() for i in ids])
-    judged = np.array([(table["probability"][table["episode"] == i] >= threshold).any() for i in ids])
-    return ids, real, judged
+    ids, _, best, real = per_episode(table["episode"], table["probability"], table["episode_success"])
+    return ids, real, best >= threshold
 
 
 def agreement_metrics(

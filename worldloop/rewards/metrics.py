@@ -74,6 +74,20 @@ def suggest_thresholds(probabilities: np.ndarray, labels: np.ndarray) -> dict[st
     return {"max_f1": float(thresholds[np.argmax(f1)]), "youden": float(thresholds[np.argmax(youden)])}
 
 
+def per_episode(episode: np.ndarray, scores: np.ndarray, success: np.ndarray, scored: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+    """Frames or windows grouped by ``episode`` id: the sorted ids, each item's position among them, and per
+    episode the highest of ``scores`` over the ``scored`` items (all by default; 0 where none is) and
+    whether any item is a ``success``. Vectorised: no loop over episodes."""
+    ids, number = np.unique(episode, return_inverse=True)
+    scores = np.asarray(scores)
+    scored = np.ones(len(scores), dtype=bool) if scored is None else scored
+    best = np.zeros(len(ids), dtype=scores.dtype)
+    np.maximum.at(best, number[scored], scores[scored])
+    succeeded = np.zeros(len(ids), dtype=bool)
+    np.logical_or.at(succeeded, number, np.asarray(success, dtype=bool))
+    return ids, number, best, succeeded
+
+
 def episode_verdict_metrics(success: np.ndarray, judged: np.ndarray, strata: list) -> dict[str, Any]:
     """Per-episode success_once verdicts against the simulator's: both rates, agreement, the agreement chance
     gives within each stratum (task), Cohen's kappa, and the false successes (what RL would be paid for)

@@ -18,7 +18,7 @@ from worldloop.rewards.augment import world_model_artefacts
 from worldloop.rewards.classifier import MODEL_SUBFOLDER, SuccessClassifier
 from worldloop.rewards.configuration import ClassifierConfig
 from worldloop.rewards.labels import NO_POSITIVE_HINT, LabelledFrames
-from worldloop.rewards.metrics import at_threshold, auroc, episode_verdict_metrics, max_kappa_threshold, suggest_thresholds
+from worldloop.rewards.metrics import at_threshold, auroc, episode_verdict_metrics, max_kappa_threshold, per_episode, suggest_thresholds
 from worldloop.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from worldloop.utils.device import autocast_dtype
 from worldloop.utils.io import atomic_write_json
@@ -43,13 +43,8 @@ def episode_scores(probabilities: np.ndarray, data: LabelledFrames, verdict_ever
     of ``verdict_every`` actions judges (frame times that are multiples of it), whether the simulator
     says the episode succeeded, and its task. An episode is judged a success once one of those frames
     crosses the threshold, so the episode's score is their maximum (0 when it has none)."""
-    episodes = data.episode.cpu().numpy()
-    ids, number = np.unique(episodes, return_inverse=True)
     judged = (data.time.cpu().numpy() % verdict_every) == 0
-    scores = np.zeros(len(ids))
-    np.maximum.at(scores, number[judged], np.asarray(probabilities, dtype=np.float64)[judged])
-    success = np.zeros(len(ids), dtype=bool)
-    np.logical_or.at(success, number, data.success.cpu().numpy())
+    ids, number, scores, success = per_episode(data.episode.cpu().numpy(), np.asarray(probabilities, dtype=np.float64), data.success.cpu().numpy(), judged)
     task = np.zeros(len(ids), dtype=np.int64)
     task[number] = data.task.cpu().numpy()
     return scores, success, task

@@ -80,6 +80,15 @@ def train(
         history, evaluations = extra["history"], extra["evaluations"]
     writer = SummaryWriter(str(out / "tb"), purge_step=start)
 
+    def warn(iteration: int, message: str, once: bool = True) -> None:
+        """Record (and print) a diagnosis; ``once``: only the first of its kind (the text before ':') per run."""
+        kind = message.split(":")[0]
+        if once and any(w["message"].split(":")[0] == kind for w in warnings):
+            return
+        warnings.append({"iteration": iteration, "message": message})
+        if console:
+            tqdm.write(f"rl: WARNING {message}")
+
     def evaluate(iteration: int) -> None:
         began = time.perf_counter()
         policy.eval()
@@ -106,10 +115,8 @@ def train(
             if result.get("tracking"):
                 line += "\n  " + tracking_line(result["tracking"])
             for warning in (imagination_gap_diagnosis(result), imagination_tracking_diagnosis(result)):
-                if warning and not any(w["message"].startswith(warning.split(":")[0]) for w in warnings):  # once per run and kind
-                    warnings.append({"iteration": iteration, "message": warning})
-                    if console:
-                        tqdm.write(f"rl: WARNING {warning}")
+                if warning:
+                    warn(iteration, warning)
         writer.add_scalar("time/eval", time.perf_counter() - began, iteration)
         if console:
             tqdm.write(line)
@@ -212,9 +219,7 @@ def train(
         metrics["rollout/groups_all_fail"] = (~group_success).all(dim=1).float().mean().item()
         silent = silent + 1 if not ppo and not bool(keep.any()) else 0
         if silent == SILENT_ITERATIONS:
-            warnings.append({"iteration": iteration + 1, "message": silence_diagnosis(metrics, SILENT_ITERATIONS)})
-            if console:
-                tqdm.write(f"rl: WARNING {warnings[-1]['message']}")
+            warn(iteration + 1, silence_diagnosis(metrics, SILENT_ITERATIONS), once=False)
         if hasattr(env, "started_from_keyframe"):  # the imagined env: the share of KIR starts
             metrics["rollout/keyframe_starts"] = env.started_from_keyframe.float().mean().item()
         if used_advantages.numel():
@@ -226,10 +231,8 @@ def train(
             }
         metrics |= {name: sum(values) / len(values) for name, values in losses.items()}
         jump = update_diagnosis(metrics, iteration + 1)
-        if jump and not any(w["message"].startswith(LARGE_UPDATE) for w in warnings):  # once per run
-            warnings.append({"iteration": iteration + 1, "message": jump})
-            if console:
-                tqdm.write(f"rl: WARNING {jump}")
+        if jump:
+            warn(iteration + 1, jump)
         if ppo:
             metrics["critic/explained_variance"] = explained_variance(rollout.values, returns, weights)
         metrics["time/iteration"] = time.perf_counter() - began
