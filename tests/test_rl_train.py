@@ -124,6 +124,37 @@ def test_a_rollout_update_mismatch_shows_before_the_first_step(tmp_path):
     assert results["history"][0]["actor/approx_kl_before_update"] > 0.01
 
 
+def test_target_kl_stops_the_update_before_the_step_that_would_pass_it(tmp_path):
+    """rl.target_kl, checked per minibatch before its step: the first minibatch always steps, and one step moves the toy
+    policy far more than 1e-9, so the second minibatch stops the update; its step and the second epoch are skipped,
+    and the warm-up counts only the steps taken. Without target_kl, 2 epochs x 2 minibatches are 4 steps."""
+    steps, lrs = {}, {}
+    for target_kl in (None, 1e-9):
+        torch.manual_seed(0)
+        rl = config(target_kl=target_kl, update_epochs=2, num_minibatches=2, filter_groups=False)
+        results = train(ToyPolicy(), imagined(32, 8), rl, tmp_path / f"kl{target_kl}", console=False)
+        steps[target_kl] = [h["actor/update_steps"] for h in results["history"]]
+        lrs[target_kl] = [h["actor/lr"] for h in results["history"]]  # the lr of each iteration's first step
+        assert all(h["actor/approx_kl"] > 0 and h["actor/grad_norm"] > 0 for h in results["history"])
+    assert steps == {None: [4.0, 4.0], 1e-9: [1.0, 1.0]}
+    assert lrs[None][1] == pytest.approx(3e-3 * 5 / 16) and lrs[1e-9][1] == pytest.approx(3e-3 * 2 / 16)  # warm-up of 16 steps
+    # A rollout-vs-update mismatch above target_kl (approx_kl before any step) does not stall the update: one step.
+    torch.manual_seed(0)
+    rl = config(iterations=1, target_kl=1e-3, filter_groups=False)
+    first = train(SharperInTheUpdate(), imagined(32, 8), rl, tmp_path / "mismatch", console=False)["history"][0]
+    assert first["actor/approx_kl_before_update"] > 1e-3 and first["actor/update_steps"] == 1.0
+
+
+def test_target_kl_is_off_by_default_and_refused_unless_positive():
+    from worldloop.config import ConfigError, load_config, preset_names
+
+    assert RLConfig().target_kl is None and all(load_config(name).rl.target_kl is None for name in preset_names())
+    assert load_config("tiny-cpu", ["rl.target_kl=0.02"]).rl.target_kl == 0.02
+    for bad in ("0", "-0.01"):
+        with pytest.raises(ConfigError, match="rl: target_kl must be > 0"):
+            load_config("tiny-cpu", [f"rl.target_kl={bad}"])
+
+
 def overfit_compact_vla(steps: int = 250) -> torch.nn.Module:
     """A 1.3M-parameter compact VLA trained to certainty on 32 toy frames, like a one-demonstration SFT
     policy (confident, and unsure nowhere else): cross-entropy to the straight move towards the target."""
@@ -172,6 +203,14 @@ def test_warm_up_keeps_the_first_update_of_a_confident_policy_small(tmp_path):
         assert all(abs(h["actor/approx_kl_before_update"]) < 1e-6 for h in updates)  # the spike is the update, not the numerics
         print(f"lr_warmup_steps={warmup}: approx_kl per update", [round(h["actor/approx_kl"], 4) for h in updates])
     assert first_kl[0] > 0.2 and first_kl[0] > 5 * first_kl[16], first_kl  # seeds 1-3, one run: 0.24-1.54 against 0.013-0.036
+    # rl.target_kl in place of the warm-up stops the first update after one step but cannot take that step back: a fresh
+    # AdamW's first step alone moves this policy far past 0.05 (0.4-0.7 on the minibatch that stops it, in two runs here).
+    policy.load_state_dict(start)
+    torch.manual_seed(1)
+    rl = config(iterations=1, lr=3e-5, lr_warmup_steps=0, target_kl=0.05, update_epochs=2, num_minibatches=4, checkpoint_every=100)
+    first = train(policy, imagined(32, 8), rl, tmp_path / "target_kl", console=False)["history"][0]
+    print("lr_warmup_steps=0, target_kl=0.05: approx_kl", round(first["actor/approx_kl"], 4), "after", first["actor/update_steps"], "steps")
+    assert first["actor/update_steps"] == 1.0
 
 
 def test_bad_input_gives_clear_errors(tmp_path):

@@ -51,6 +51,12 @@ class RLConfig:
     steps move every weight by about ``lr`` whatever its gradient's noise (its second-moment estimate is still
     one gradient): without warm-up, the H200 sessions' first iteration took a 100M-parameter SFT policy to
     actor/approx_kl 0.54 and 1.43, 25-70 times the later iterations' median (docs/results.md, eighth session)."""
+    target_kl: float | None = None
+    """Early stop of each iteration's update (CleanRL's target_kl, checked per minibatch): a minibatch whose
+    approx_kl to the rollout's policy, measured before its own step, exceeds this takes no step, and the
+    iteration's remaining minibatches and epochs are skipped (actor/update_steps counts the steps taken). The
+    first minibatch always steps, so one step can still overshoot; the warm-up counts only the steps taken.
+    null: every epoch runs."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     max_grad_norm: float = 1.0
@@ -115,6 +121,8 @@ class RLConfig:
             raise ValueError("lr > 0, max_grad_norm > 0 and weight_decay >= 0 are required")
         if self.lr_warmup_steps < 0:
             raise ValueError(f"lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
+        if self.target_kl is not None and self.target_kl <= 0:
+            raise ValueError(f"target_kl must be > 0 or null, got {self.target_kl}")
         if not (0 < self.clip_low < 1 and self.clip_high > 0 and self.value_clip > 0):
             raise ValueError("0 < clip_low < 1, clip_high > 0 and value_clip > 0 are required")
         if self.time_limit_min < 0:

@@ -9,7 +9,8 @@ One iteration, top to bottom:
 4. loss: token-level clipped ratio (asymmetric clip), each trajectory's loss divided by its
    valid length, optional entropy bonus, optional KL to the starting policy, PPO's clipped value loss;
 5. update: several epochs of shuffled minibatches of valid chunks, gradient clipping, AdamW whose
-   learning rate warms up linearly over the first optimizer steps;
+   learning rate warms up linearly over the first optimizer steps; optionally stopped early once a
+   minibatch's approx_kl exceeds ``target_kl``;
 6. every ``eval_every`` iterations, the reality check: real-simulator success and imagined
    success from the same initial states; atomic checkpoints that resume exactly.
 
@@ -158,6 +159,7 @@ def train(
         samples = weights.flatten().nonzero().squeeze(1)
         losses: dict[str, list[float]] = {}
         metrics["actor/lr"] = scheduler.get_last_lr()[0]  # at this iteration's first step (it rises within the warm-up)
+        update_steps, stopped = 0, False
         policy.train()
         for _ in range(rl.update_epochs if len(samples) else 0):
             for batch in samples[torch.randperm(len(samples)).to(device)].chunk(rl.num_minibatches):
@@ -190,19 +192,30 @@ def train(
                 if "actor/approx_kl_before_update" not in metrics:
                     # The same weights that sampled the rollout: ~0 unless rollout and update compute log-probs differently.
                     metrics["actor/approx_kl_before_update"] = float(stats["approx_kl"])
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(parameters, rl.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
                 for name, value in (
                     ("actor/policy_loss", policy_loss),
                     ("actor/approx_kl", stats["approx_kl"]),
                     ("actor/clip_fraction", stats["clip_fraction"]),
                     ("actor/entropy", entropy),
-                    ("actor/grad_norm", grad_norm),
                 ):
                     _append(losses, name, value)
+                # target_kl: this minibatch's approx_kl is measured before its own step, so stopping here, without
+                # its step, leaves the policy where that measure was taken (CleanRL steps the whole epoch, then checks);
+                # its measurements above stay in the iteration's means, which then show how far the update went.
+                # The first minibatch always steps: before any step, approx_kl is only the rollout-vs-update numerics.
+                if rl.target_kl is not None and update_steps and float(stats["approx_kl"]) > rl.target_kl:
+                    stopped = True
+                    break
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(parameters, rl.max_grad_norm)
+                optimizer.step()
+                scheduler.step()  # per optimizer step taken: a stopped update's skipped steps do not advance the warm-up
+                update_steps += 1
+                _append(losses, "actor/grad_norm", grad_norm)
+            if stopped:
+                break
+        metrics["actor/update_steps"] = float(update_steps)
         metrics["time/update"] = time.perf_counter() - update_began
 
         # Metrics of this iteration.
@@ -241,7 +254,8 @@ def train(
         history.append({"iteration": iteration + 1} | metrics)
         if console:
             shown = ("env/success_once", "env/return", "env/episode_len", "rollout/kept_groups", "actor/policy_loss", "actor/approx_kl_before_update",
-                     "actor/approx_kl", "actor/clip_fraction", "actor/entropy", "actor/grad_norm", "critic/value_loss", "time/iteration")  # fmt: skip
+                     "actor/approx_kl", "actor/clip_fraction", "actor/entropy", "actor/grad_norm", "actor/update_steps",
+                     "critic/value_loss", "time/iteration")  # fmt: skip
             tqdm.write(f"it {iteration + 1}: " + " ".join(f"{name} {metrics[name]:.4g}" for name in shown if name in metrics))
 
         # 6. The reality check and atomic checkpoints.
@@ -284,7 +298,8 @@ def update_diagnosis(metrics: dict[str, float], iteration: int) -> str:
         return ""
     return (f"{LARGE_UPDATE}: in iteration {iteration}, approx_kl {kl:.2f} and clip fraction {metrics.get('actor/clip_fraction', 0.0):.2f} "
             "(healthy updates stay below ~0.05). A confident policy under a fresh optimizer does this in the first iterations "
-            "(docs/results.md, eighth H200 session): raise rl.lr_warmup_steps or lower rl.lr")  # fmt: skip
+            "(docs/results.md, eighth H200 session): raise rl.lr_warmup_steps, lower rl.lr or stop the update early with "
+            "rl.target_kl")  # fmt: skip
 
 
 def silence_diagnosis(metrics: dict[str, float], iterations: int) -> str:
