@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from worldloop.worldmodel import vae as vae_lib
 from worldloop.worldmodel.clips import clip_spec, episode_clips, predecessors
@@ -244,3 +245,60 @@ def test_config_validation():
     for config in (VAEConfig(time_limit_s=-1), WorldModelConfig(time_limit_s=-1)):
         with pytest.raises(ValueError, match="time_limit_s"):
             config.validate()
+
+
+def _static_scene_error(context_channels: bool, steps: int = 100, seed: int = 0) -> float:
+    """Train a tiny DiT whose futures repeat the reference latent (a random static scene per clip);
+    return its one-step estimate error of the future from sigma 0.9 on new scenes."""
+    from worldloop.worldmodel.modeling import ActionConditionedDiT
+
+    torch.manual_seed(seed)
+    dit = ActionConditionedDiT("tiny", 8, 2, 8, context_channels=context_channels)
+    optimizer = torch.optim.AdamW(dit.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(seed)
+    no_actions = torch.zeros(24, 13, 2)
+
+    def clips(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(n, 8, 1, 8, 8, generator=g).expand(-1, -1, 4, -1, -1), torch.randn(n, 8, 2, 8, 8, generator=g)
+
+    for _ in range(steps):
+        x0, noise = clips(24)
+        s = torch.rand(24, generator=g)
+        noisy = (1 - s.view(-1, 1, 1, 1, 1)) * x0[:, :, 2:] + s.view(-1, 1, 1, 1, 1) * noise
+        sigmas = torch.cat([torch.zeros(24, 2), s[:, None].expand(-1, 2)], dim=1)
+        velocity = dit(torch.cat([x0[:, :, :2], noisy], dim=2), sigmas, no_actions)
+        loss = F.mse_loss(velocity[:, :, 2:], noise - x0[:, :, 2:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        x0, noise = clips(24)
+        noisy = 0.1 * x0[:, :, 2:] + 0.9 * noise
+        velocity = dit(torch.cat([x0[:, :, :2], noisy], dim=2), torch.tensor([[0.0, 0.0, 0.9, 0.9]] * 24), no_actions)
+        return float(F.mse_loss(noisy - 0.9 * velocity[:, :, 2:], x0[:, :, 2:]))
+
+
+def test_context_channels_keep_a_static_scene_in_fewer_steps():
+    """The ninth H200 session's imagined objects faded within a few chunks. With the context latents on
+    every frame's channels, keeping what does not move is a per-patch copy: the same tiny DiT and steps
+    estimate a static random scene far better (CPU, seeds 0-2: 0.035 against 0.56-0.62)."""
+    plain, concatenated = _static_scene_error(False), _static_scene_error(True)
+    assert concatenated < 0.5 * plain, (plain, concatenated)
+
+
+def test_context_channels_are_saved_with_the_model_and_an_init_must_match(tmp_path):
+    from worldloop.worldmodel.train import train_world_model
+
+    torch.manual_seed(0)
+    vae = vae_lib.build_vae(VAEConfig())
+    wm = WorldModel.build(WorldModelConfig(context_channels=True, sampling_steps=1), vae, SIZE, 2, device="cpu")
+    assert wm.dit.transformer.config.in_channels == 3 * 8
+    wm.save_pretrained(tmp_path / "wm")
+    loaded = WorldModel.from_pretrained(tmp_path / "wm", "cpu")
+    first, chunk = frames(2, seed=5), torch.randn(2, 8, 2)
+    wm.reset(first, seeds=[1, 2])
+    loaded.reset(first, seeds=[1, 2])
+    assert loaded.dit.context_channels and torch.equal(wm.step(chunk), loaded.step(chunk))
+    clips = {"latents": torch.randn(4, 8, 4, SIZE // 8, SIZE // 8), "actions": torch.randn(4, 13, 2)}
+    with pytest.raises(ValueError, match="context_channels=True"):
+        train_world_model(WorldModelConfig(steps=1), [], vae, tmp_path / "plain", torch.device("cpu"), clips=clips, init=loaded)

@@ -87,6 +87,10 @@ class WorldModelConfig:
     reference_frame: bool = True
     """First-frame anchoring: context slot 0 holds the episode's first frame for the whole rollout.
     False (ablation) slides it: slot 0 is the frame just before the memory frames."""
+    context_channels: bool = False
+    """Also concatenate the reference and memory latents to every latent frame's input channels (Wan's
+    image-to-video conditioning): each future patch sees those frames' same patch directly. Against objects
+    fading in long rollouts (docs/results.md, ninth H200 session). Saved with the model; False: the slot layout only."""
     context_noise: float = 0.3
     """Largest noise level sigma (0-1) put on the non-reference context latents in training; 0 disables (ablation)."""
     self_forcing: float = 0.0

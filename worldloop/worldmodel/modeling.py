@@ -16,6 +16,11 @@ and the weight names stay Wan's.
 
 Timesteps are per token (``(B, seq_len)``, Wan2.2-TI2V style): context tokens carry their own noise
 level (0 when clean), future tokens the sampler's.
+
+Optionally (``context_channels``), the two context latents are also concatenated to every latent
+frame's channels, as Wan's image-to-video model concatenates its first frame: a future token then
+holds the reference and memory latents of its own patch as input, so keeping what does not move is
+a local copy rather than something attention has to learn to look up across time.
 """
 
 from __future__ import annotations
@@ -37,18 +42,19 @@ DIT_SIZES = {
 class ActionConditionedDiT(nn.Module):
     """``forward(latents, sigmas, actions) -> velocity`` over ``[context | future]`` latents."""
 
-    def __init__(self, size: str, latent_channels: int, action_dim: int, chunk_size: int = 8):
+    def __init__(self, size: str, latent_channels: int, action_dim: int, chunk_size: int = 8, context_channels: bool = False):
         super().__init__()
         from diffusers import WanTransformer3DModel
 
         dims = DIT_SIZES[size]
         self.action_dim = action_dim
         self.chunk_size = chunk_size
+        self.context_channels = context_channels
         self.num_actions = CONTEXT_FRAMES + chunk_size
         self.latent_frames = 2 + chunk_size // TEMPORAL_FACTOR
         self.transformer = WanTransformer3DModel(
             patch_size=(1, 2, 2),
-            in_channels=latent_channels,
+            in_channels=latent_channels * (3 if context_channels else 1),
             out_channels=latent_channels,
             cross_attn_norm=True,
             qk_norm="rms_norm_across_heads",
@@ -94,6 +100,9 @@ class ActionConditionedDiT(nn.Module):
         action_tokens = self.action_tokens(actions) + self.slot_embedding  # (B, 13, text_dim)
         frame_offset = self.frame_action_mlp(self.frame_action_groups(actions))  # (B, 4, inner)
         self._temb_offset = frame_offset.repeat_interleave(tokens_per_frame, dim=1)  # (B, seq_len, inner)
+        if self.context_channels:  # [latent | reference | memory] on every frame's channels
+            context = latents[:, :, :2].flatten(1, 2)[:, :, None].expand(-1, -1, frames, -1, -1)
+            latents = torch.cat([latents, context], dim=1)
         try:
             return self.transformer(latents, timestep, action_tokens, return_dict=False)[0]
         finally:

@@ -98,9 +98,10 @@ class WorldModel:
         factor = vae_lib.spatial_factor(vae)
         if image_size % (2 * factor):
             raise ValueError(f"image_size {image_size} must be a multiple of {2 * factor} (VAE {factor}x, DiT patch 2)")
-        dit = ActionConditionedDiT(config.size, int(vae.config.z_dim), action_dim, config.chunk_size)
+        dit = ActionConditionedDiT(config.size, int(vae.config.z_dim), action_dim, config.chunk_size, config.context_channels)
         spec = dict(
             kind=KIND, size=config.size, image_size=image_size, action_dim=action_dim, chunk_size=config.chunk_size,
+            context_channels=config.context_channels,
             latent_channels=int(vae.config.z_dim), memory_frames=config.memory_frames, reference_frame=config.reference_frame,
             action_mean=list(action_mean) if action_mean is not None else [0.0] * action_dim,
             action_std=list(action_std) if action_std is not None else [1.0] * action_dim,
@@ -117,7 +118,8 @@ class WorldModel:
         vae = vae_lib.load_vae(folder / "vae")
         if int(vae.config.z_dim) != int(spec["latent_channels"]):
             raise ValueError(f"{folder}/vae has {vae.config.z_dim} latent channels, the DiT expects {spec['latent_channels']}")
-        dit = ActionConditionedDiT(spec["size"], int(spec["latent_channels"]), int(spec["action_dim"]), int(spec["chunk_size"]))
+        dit = ActionConditionedDiT(spec["size"], int(spec["latent_channels"]), int(spec["action_dim"]), int(spec["chunk_size"]),
+                                   bool(spec.get("context_channels", False)))  # folders from before the option: False
         load_weights(folder, dit)
         spec.update({k: v for k, v in sampling.items() if v is not None})
         return cls(dit, vae, spec, device).for_inference()

@@ -330,6 +330,9 @@ def train_world_model(
     if init is not None:
         if (init.image_size, len(init.spec["action_mean"])) != (image_size, action_dim):
             raise ValueError(f"--init world model renders {init.image_size}px with {len(init.spec['action_mean'])}-d actions; this data has {image_size}px, {action_dim}-d")
+        if bool(init.spec.get("context_channels", False)) != config.context_channels:
+            raise ValueError(f"--init world model has context_channels={bool(init.spec.get('context_channels', False))}; "
+                             f"world_model.context_channels={config.context_channels} builds a DiT whose input layer differs: set it alike")
         action_mean, action_std = np.asarray(init.spec["action_mean"]), np.asarray(init.spec["action_std"])
     latents_all, actions_all = clips["latents"].to(device), clips["actions"].to(device)
     if config.self_forcing and "previous" not in clips:
@@ -350,6 +353,8 @@ def train_world_model(
     generator = torch.Generator(device=device).manual_seed(seed)
     modules, stateful = {"dit": dit, "ema": ema}, {"optimizer": optimizer, "scheduler": scheduler, "generator": generator}
     shape = dict(image_size=image_size, action_dim=action_dim, latent_shape=list(latents_all.shape[1:]), size=config.size)
+    if config.context_channels:  # only when set, so that checkpoints from before the option still resume
+        shape["context_channels"] = True
 
     step = 0
     checkpoint = latest_checkpoint(out)
