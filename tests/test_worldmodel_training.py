@@ -153,6 +153,33 @@ def test_horizon_metrics_margin_stderr_is_over_episodes():
     assert row["ssim_margin_stderr"] >= 0
 
 
+def test_psnr_still_sees_a_fading_object_and_ignores_what_moved():
+    """A still object (8x8) and a square that moves each frame: erasing the object costs psnr_still
+    exactly its share of the still pixels; misplacing the moving square leaves psnr_still exact."""
+    from worldloop.worldmodel.evaluate import horizon_metrics
+
+    real = torch.full((1, 4, 32, 32, 3), 30, dtype=torch.uint8)
+    real[:, :, 2:10, 2:10] = 200  # the object, never touched
+    for t in range(4):
+        real[:, t, 20:24, 4 + 4 * t : 8 + 4 * t] = 250  # the square moves 4 pixels a frame
+    first = torch.full((32, 32, 3), 30, dtype=torch.uint8)
+    first[2:10, 2:10] = 200
+    first[20:24, 0:4] = 250  # frame 0: the square one step back
+    baseline = first.expand_as(real)
+    valid = torch.ones(1, 4, dtype=torch.bool)
+    faded = real.clone()
+    faded[:, :, 2:10, 2:10] = 30
+    misplaced = real.clone()
+    misplaced[:, :, 20:24] = 30
+    row_faded = horizon_metrics(real, faded, baseline, valid, [4])["4"]
+    row_misplaced = horizon_metrics(real, misplaced, baseline, valid, [4])["4"]
+    still_pixels = 32 * 32 - 2 * 16  # the square's pixels now and at frame 0 differ from the first frame
+    assert row_faded["still_fraction"] == pytest.approx(still_pixels / 1024)
+    assert row_faded["psnr_still"] == pytest.approx(10 * math.log10(255**2 * still_pixels / (64 * 170**2)), abs=1e-3)
+    assert row_faded["psnr_still"] < row_faded["psnr"]
+    assert row_misplaced["psnr_still"] == pytest.approx(100.0) and row_misplaced["psnr"] < 40
+
+
 class SquarePhysics:
     """The square episodes' true dynamics as a world model (``blind``: one that ignores the actions)."""
 

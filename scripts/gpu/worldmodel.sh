@@ -100,13 +100,15 @@ def ev(folder="eval"):
     m = json.loads((out / folder / "metrics.json").read_text())
     print(f"{folder} (memory_noise {m['sampling'].get('memory_noise', 0.0)}):")
     print(f"{'horizon':>7} {'eps':>4} {'PSNR':>7} {'copy':>7} {'margin SE':>9} {'SSIM':>7} {'copy':>7} {'margin SE':>9} "
-          f"{'action dPSNR':>12} {'SE':>5}  beats copy-last-frame?")
+          f"{'action dPSNR':>12} {'SE':>5} {'still PSNR':>10}  beats copy-last-frame?")
     for h, r in m["horizons"].items():
         ok = r["psnr"] > r["copy_last_frame_psnr"] and r["ssim"] > r["copy_last_frame_ssim"]
         print(f"{h:>7} {r['episodes']:>4} {r['psnr']:7.2f} {r['copy_last_frame_psnr']:7.2f} {r.get('psnr_margin_stderr', float('nan')):9.2f} "
               f"{r['ssim']:7.4f} {r['copy_last_frame_ssim']:7.4f} {r.get('ssim_margin_stderr', float('nan')):9.4f} "
-              f"{r.get('action_delta_psnr', float('nan')):12.2f} {r.get('action_delta_psnr_stderr', float('nan')):5.2f}  {'yes' if ok else 'NO'}")
+              f"{r.get('action_delta_psnr', float('nan')):12.2f} {r.get('action_delta_psnr_stderr', float('nan')):5.2f} "
+              f"{r.get('psnr_still', float('nan')):10.2f}  {'yes' if ok else 'NO'}")
     print("action dPSNR: PSNR lost when each episode is replayed with the next one's actions (near 0: the model ignores them)")
+    print("still PSNR: where the real frame still equals the first one (the table, untouched objects); copy-last-frame is exact there")
     print(f"rollout {m['rollout_frames_per_second']:.1f} frames/s with {m['num_envs']} envs; LPIPS/FID/FVD: {m['lpips']}")
 def bench():
     print((out / "bench_wm.txt").read_text())

@@ -12,6 +12,12 @@ frames and seeds, driven by the next held-out episode's actions instead of their
 plays the task's usual motion whatever the policy does, and an imagined rollout succeeds as often as the
 data did. Compare it between models on the same episodes: how far another episode's actions lead
 elsewhere depends on the data.
+
+Does the model keep what does not move? ``psnr_still`` is the PSNR over the pixels where the real frame
+still equals the first one (every channel within ``STILL_TOLERANCE``): the table, and the objects before
+the robot touches them. Copy-last-frame is exact there by construction, so it has no baseline; it is
+for comparing models. Small objects that fade cost the whole-frame PSNR little and this much more
+(the ninth H200 session's models lost the task objects within a few chunks).
 """
 
 from __future__ import annotations
@@ -25,8 +31,11 @@ import numpy as np
 import torch
 
 from worldloop.utils.io import atomic_write_json
-from worldloop.worldmodel.metrics import feature_metrics_status, psnr, ssim
+from worldloop.worldmodel.metrics import feature_metrics_status, masked_psnr, psnr, ssim
 from worldloop.worldmodel.rollout import WorldModel
+
+
+STILL_TOLERANCE = 8  # uint8 levels: video-codec and renderer noise stay below it, an object's edge does not
 
 
 @torch.no_grad()
@@ -77,8 +86,11 @@ def horizon_metrics(
     """PSNR/SSIM averaged over frames 1..h, per horizon, for the model and copy-last-frame, and the
     standard error over episodes of the model's margin (model - copy, each episode's mean over 1..h).
     With ``other_actions`` (the model's frames under other episodes' actions): their PSNR and the
-    action ΔPSNR (model - other actions) with its standard error over episodes."""
+    action ΔPSNR (model - other actions) with its standard error over episodes. ``baseline`` is the first
+    frame repeated (copy-last-frame in open loop): ``psnr_still`` is measured where the real frame equals it."""
     model_psnr, model_ssim = psnr(generated, real), ssim(generated, real)  # (N, T)
+    still = (real.short() - baseline.short()).abs().amax(dim=-1) <= STILL_TOLERANCE  # (N, T, H, W)
+    still_psnr = masked_psnr(generated, real, still)  # NaN where nothing stayed still
     base_psnr, base_ssim = psnr(baseline, real), ssim(baseline, real)
     other_psnr = psnr(other_actions, real) if other_actions is not None else None
     results = {}
@@ -100,12 +112,20 @@ def horizon_metrics(
             "psnr": mean(model_psnr), "copy_last_frame_psnr": mean(base_psnr), "psnr_margin_stderr": margin_stderr(model_psnr, base_psnr),
             "ssim": mean(model_ssim), "copy_last_frame_ssim": mean(base_ssim), "ssim_margin_stderr": margin_stderr(model_ssim, base_ssim),
             "psnr_at_h": float(model_psnr[episodes, h - 1].mean()), "copy_last_frame_psnr_at_h": float(base_psnr[episodes, h - 1].mean()),
+            "psnr_still": mean_finite(still_psnr[episodes, :h], mask), "still_fraction": mean(still.float().mean(dim=(-2, -1))),
         }  # fmt: skip
         if other_psnr is not None:
             row, other = results[str(h)], mean(other_psnr)
             row |= {"psnr_other_actions": other, "action_delta_psnr": row["psnr"] - other,
                     "action_delta_psnr_stderr": margin_stderr(model_psnr, other_psnr)}
     return results
+
+
+def mean_finite(values: torch.Tensor, weights: torch.Tensor) -> float:
+    """The ``weights``-weighted mean of the finite ``values`` (NaN when there are none)."""
+    finite = torch.isfinite(values)
+    weights = weights * finite
+    return float((values.nan_to_num() * weights).sum() / weights.sum()) if weights.sum() > 0 else float("nan")
 
 
 def strip(real: torch.Tensor, generated: torch.Tensor, every: int = 8) -> np.ndarray:

@@ -27,6 +27,17 @@ def psnr(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (-10.0 * torch.log10(mse)).reshape(pred.shape[:-3])
 
 
+def masked_psnr(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """PSNR (dB) per frame over the pixels where ``mask`` (..., H, W) is true; NaN for a frame with none."""
+    if pred.shape != target.shape or mask.shape != pred.shape[:-1]:
+        raise ValueError(f"masked_psnr: shapes differ: {tuple(pred.shape)}, {tuple(target.shape)}, mask {tuple(mask.shape)}")
+    weights = mask.reshape(-1, 1, *mask.shape[-2:]).float()
+    squared = (_as_float(pred) - _as_float(target)).pow(2) * weights
+    pixels = weights.sum(dim=(1, 2, 3)) * 3
+    mse = (squared.sum(dim=(1, 2, 3)) / pixels.clamp_min(1)).clamp_min(1e-10)
+    return torch.where(pixels > 0, -10.0 * torch.log10(mse), torch.nan).reshape(pred.shape[:-3])
+
+
 def _gaussian_window(size: int, sigma: float, device: torch.device) -> torch.Tensor:
     coords = torch.arange(size, dtype=torch.float32, device=device) - (size - 1) / 2
     g = torch.exp(-(coords**2) / (2 * sigma**2))
