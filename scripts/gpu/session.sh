@@ -29,6 +29,8 @@
 # VAE_FROM (a VAE folder from an earlier lease, used instead of training one: after a session,
 # `python3 -m worldloop.utils.parts pack $OUT/wm/vae "$DEVICE_OUT" vae` brings it back in 15 MB parts,
 # `... unpack vae.parts.json .carry/vae` rebuilds it for the next lease's carry),
+# WM_ALSO (overrides of a second DiT trained alongside the first for an A/B in eval-wm, e.g.
+# "world_model.context_channels=false"; only the first goes on to the judge and RL; see worldmodel.sh),
 # WM_FROM (a world-model folder from an earlier lease, vae/ included: the DiT trains on from it, for
 # WM_SECONDS more, on its VAE; no VAE is trained), CARRY (a folder: once trained, the DiT and the VAE
 # trained here are packed there in 15 MB parts; poll calls copy them to the device's OUT, at most three

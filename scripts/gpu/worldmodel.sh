@@ -13,7 +13,10 @@
 # EVAL_MEMORY_NOISE ("": extra eval-wm runs, one per world_model.memory_noise level, e.g. "0.1 0.2"),
 # MORE_DATA (more dataset folders, e.g. a policy's rollouts: the world model trains on them too and
 # eval-wm replays their held-out episodes as well; each is waited for, MORE_DATA_WAIT_S = 300 s at most,
-# until its collection wrote summary.json), PY (python with worldloop importable).
+# until its collection wrote summary.json), WM_ALSO ("": key=value overrides of a second DiT that trains
+# alongside the first, from scratch, on the same data, VAE and WM_SECONDS, into $OUT/wm-also; eval-wm measures
+# it on the same episodes (eval-also*), an A/B within one lease; only $OUT/wm goes downstream), PY (python with
+# worldloop importable).
 # Run from the repository root after `source scripts/gpu/setup.sh .whl .whl2` (diffusers + av importable).
 # Wall time: ~4 min VAE, ~5.5 min WM (clip encoding + 240 s), ~1 min eval, up to 7 min bench.
 set -euo pipefail
@@ -47,6 +50,13 @@ for MORE in ${MORE_DATA:-}; do
   for _ in $(seq $((${MORE_DATA_WAIT_S:-300} / 5))); do [ -f "$MORE/summary.json" ] && break; sleep 5; done
   if [ -f "$MORE/summary.json" ]; then DATASETS+=("$MORE"); else echo "$MORE is not collected: training without it" | tee -a "$OUT/log.txt"; fi
 done
+if [ -n "${WM_ALSO:-}" ]; then
+  read -r -a ALSO <<< "$WM_ALSO"
+  echo "A/B: a second DiT with ${WM_ALSO} trains alongside into $OUT/wm-also" | tee -a "$OUT/log.txt"
+  timeout $((WM_SECONDS + 300)) $PY -m worldloop train-wm --dataset "${DATASETS[@]}" --vae "$OUT/vae" --out "$OUT/wm-also" "${COMMON[@]}" \
+    world_model.time_limit_s=$WM_SECONDS "${ALSO[@]}" > "$OUT/wm-also.log" 2>&1 &
+  ALSO_PID=$!
+fi
 timeout $((WM_SECONDS + 300)) $PY -m worldloop train-wm --dataset "${DATASETS[@]}" --vae "$OUT/vae" --out "$OUT/wm" "${COMMON[@]}" \
   ${WM_FROM:+--init "$WM_FROM"} world_model.time_limit_s=$WM_SECONDS 2>&1 | grep -v "it/s]" | tail -12 | tee -a "$OUT/log.txt"
 
@@ -68,6 +78,17 @@ for MORE in "${DATASETS[@]:1}"; do
     2>&1 | tail -3 | tee -a "$OUT/log.txt" || echo "eval-wm on $MORE failed" | tee -a "$OUT/log.txt"
 done
 
+# 3c. the A/B model on the same episodes
+if [ -n "${ALSO_PID:-}" ]; then
+  wait "$ALSO_PID" || echo "train-wm with ${WM_ALSO} failed (see $OUT/wm-also.log)" | tee -a "$OUT/log.txt"
+  grep -v "it/s]" "$OUT/wm-also.log" | tail -3 | tee -a "$OUT/log.txt"
+  for D in "${DATASETS[@]}"; do
+    [ "$D" = "$DATA" ] && NAME=eval-also || NAME="eval-also-$(basename "$D")"
+    timeout 300 $PY -m worldloop eval-wm --world-model "$OUT/wm-also" --dataset "$D" --out "$OUT/$NAME" "${COMMON[@]}" \
+      2>&1 | tail -3 | tee -a "$OUT/log.txt" || echo "eval-wm of wm-also on $D failed" | tee -a "$OUT/log.txt"
+  done
+fi
+
 # 3b. the same with the memory latent noised at every rollout step (world_model.memory_noise), per level
 for LEVEL in ${EVAL_MEMORY_NOISE:-}; do
   timeout 300 $PY -m worldloop eval-wm --world-model "$OUT/wm" --dataset "$DATA" --out "$OUT/eval-memory-noise-$LEVEL" "${COMMON[@]}" \
@@ -81,7 +102,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
 fi
 
 # 5. table
-$PY - "$OUT" <<'PYEOF' | tee "$OUT/summary.txt"
+$PY - "$OUT" ${WM_ALSO:-} <<'PYEOF' | tee "$OUT/summary.txt"
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
@@ -93,9 +114,9 @@ def section(name, fn):
 def vae():
     m = json.loads((out / "vae/metrics.json").read_text())
     print(f"VAE held-out reconstruction (13-frame clips): PSNR {m['held_out']['psnr']:.2f} dB  SSIM {m['held_out']['ssim']:.4f}  ({m['steps']} steps)")
-def wm():
-    r = json.loads((out / "wm/results.json").read_text())
-    print(f"WM: {r['steps']} steps, final loss {r['final_loss']:.4f}, {r['parameters_millions']:.1f} M params, {r['clips']} clips")
+def wm(folder="wm"):
+    r = json.loads((out / folder / "results.json").read_text())
+    print(f"{folder}: {r['steps']} steps, final loss {r['final_loss']:.4f}, {r['parameters_millions']:.1f} M params, {r['clips']} clips")
 def ev(folder="eval"):
     m = json.loads((out / folder / "metrics.json").read_text())
     print(f"{folder} (memory_noise {m['sampling'].get('memory_noise', 0.0)}):")
@@ -114,6 +135,9 @@ def bench():
     print((out / "bench_wm.txt").read_text())
 for name, fn in (("vae", vae), ("wm", wm), ("eval", ev), ("bench", bench)):
     section(name, fn)
+if (out / "wm-also").is_dir():
+    print(f"A/B: wm-also trained with {' '.join(sys.argv[2:]) or '(its log: wm-also.log)'}")
+    section("wm-also", lambda: wm("wm-also"))
 for folder in sorted(p.name for p in out.glob("eval-*")):
     section(folder, lambda: ev(folder))
 PYEOF

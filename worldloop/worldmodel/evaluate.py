@@ -166,7 +166,8 @@ def evaluate_world_model(model: WorldModel, episodes: Sequence[Any], horizons: S
         "num_envs": len(episodes),
         "device": str(model.device),
         "sampling": {"steps": model.sampling_steps, "shift": model.shift, "decode": model.decode_mode, "memory_noise": model.memory_noise},
-        "model": {k: model.spec[k] for k in ("size", "image_size", "memory_frames", "reference_frame")},
+        "model": {k: model.spec[k] for k in ("size", "image_size", "memory_frames", "reference_frame")}
+        | {"context_channels": bool(model.spec.get("context_channels", False))},
     }
     for i in range(min(videos, len(episodes))):
         n = int(valid[i].sum())
