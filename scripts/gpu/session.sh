@@ -29,8 +29,9 @@
 # VAE_FROM (a VAE folder from an earlier lease, used instead of training one: after a session,
 # `python3 -m worldloop.utils.parts pack $OUT/wm/vae "$DEVICE_OUT" vae` brings it back in 15 MB parts,
 # `... unpack vae.parts.json .carry/vae` rebuilds it for the next lease's carry),
-# WM_ALSO (overrides of a second DiT trained alongside the first for an A/B in eval-wm, e.g.
-# "world_model.context_channels=false"; only the first goes on to the judge and RL; see worldmodel.sh),
+# WM_ALSO (overrides of a second DiT trained alongside the first for an A/B, e.g.
+# "world_model.context_channels=false": eval-wm and the judge's calibration on its replays; only the first
+# trains the judge and goes on to RL; see worldmodel.sh),
 # WM_FROM (a world-model folder from an earlier lease, vae/ included: the DiT trains on from it, for
 # WM_SECONDS more, on its VAE; no VAE is trained), CARRY (a folder: once trained, the DiT and the VAE
 # trained here are packed there in 15 MB parts; poll calls copy them to the device's OUT, at most three
@@ -150,13 +151,23 @@ if [ ! -f "$OUT/rewards/rw/model/config.json" ] || [ ! -f "$OUT/wm/wm/config.jso
   mark "no judge or no world model (see rewards.log, wm.log): skipping RL"; wait; exit 1
 fi
 # Beside RL: the judge on the world model's replays of held-out episodes, against the simulator's labels
-# (and on the base policy's held-out rollouts: the failures RL would learn to exploit).
-(for SOURCE in "$DATA" $MORE_DATA; do
-   NAME=judge-in-imagination; [ "$SOURCE" = "$DATA" ] || NAME="judge-in-imagination-$(basename "$SOURCE")"
-   timeout 300 "${WL[@]}" calibrate-reward --preset "$PRESET" --judge "$OUT/rewards/rw" --dataset "$SOURCE" --split held_out \
-     --world-model "$OUT/wm/wm" --out "$OUT/rewards/$NAME" reward.calibrate.max_episodes=64 "${EXTRA_ARGS[@]}" \
-     >>"$OUT/judge_in_imagination.log" 2>&1
-   mark "$NAME: exit $?"
+# (and on the base policy's held-out rollouts: the failures RL would learn to exploit); then the same on
+# WM_ALSO's model (judge-in-imagination-also*), once it is trained, for the A/B.
+(for WM_NAME in wm wm-also; do
+   SUFFIX=""
+   if [ "$WM_NAME" = wm-also ]; then
+     [ -n "${WM_ALSO:-}" ] || break
+     for _ in $(seq 120); do [ -f "$OUT/wm/wm-also/results.json" ] && break; sleep 5; done
+     [ -f "$OUT/wm/wm-also/results.json" ] || { mark "no wm-also model: no judge-in-imagination-also"; break; }
+     SUFFIX=-also
+   fi
+   for SOURCE in "$DATA" $MORE_DATA; do
+     NAME=judge-in-imagination$SUFFIX; [ "$SOURCE" = "$DATA" ] || NAME="$NAME-$(basename "$SOURCE")"
+     timeout 300 "${WL[@]}" calibrate-reward --preset "$PRESET" --judge "$OUT/rewards/rw" --dataset "$SOURCE" --split held_out \
+       --world-model "$OUT/wm/$WM_NAME" --out "$OUT/rewards/$NAME" reward.calibrate.max_episodes=64 "${EXTRA_ARGS[@]}" \
+       >>"$OUT/judge_in_imagination.log" 2>&1
+     mark "$NAME: exit $?"
+   done
  done) &
 read -r POLICY TASKS <<< "$choice"
 MINUTES=$(( (DEADLINE_MIN * 60 - SECONDS) / 60 - 4 )); [ "$MINUTES" -lt 3 ] && MINUTES=3
