@@ -68,25 +68,21 @@ if [ -n "${CARRY:-}" ] && [ -f "$OUT/wm/model.safetensors" ]; then
     || echo "packing for the next lease failed (the evaluations go on)" | tee -a "$OUT/log.txt"
 fi
 
-# 3. open-loop evaluation on held-out episodes
-timeout 300 $PY -m worldloop eval-wm --world-model "$OUT/wm" --dataset "$DATA" --out "$OUT/eval" "${COMMON[@]}" \
-  2>&1 | tail -3 | tee -a "$OUT/log.txt" || echo "eval-wm failed" | tee -a "$OUT/log.txt"
-
-# 3a. the same on the held-out episodes of the other datasets (a policy's rollouts: does the model follow its actions?)
-for MORE in "${DATASETS[@]:1}"; do
-  timeout 300 $PY -m worldloop eval-wm --world-model "$OUT/wm" --dataset "$MORE" --out "$OUT/eval-$(basename "$MORE")" "${COMMON[@]}" \
-    2>&1 | tail -3 | tee -a "$OUT/log.txt" || echo "eval-wm on $MORE failed" | tee -a "$OUT/log.txt"
-done
-
-# 3c. the A/B model on the same episodes
+# 3. open-loop evaluation on the held-out episodes of every dataset (DATA -> PREFIX, a policy's rollouts ->
+#    PREFIX-<name>: does the model follow its actions?), for the model and, with WM_ALSO, its A/B twin
+evaluate_on_held_out() {  # MODEL_DIR PREFIX
+  local D NAME
+  for D in "${DATASETS[@]}"; do
+    [ "$D" = "$DATA" ] && NAME=$2 || NAME="$2-$(basename "$D")"
+    timeout 300 $PY -m worldloop eval-wm --world-model "$1" --dataset "$D" --out "$OUT/$NAME" "${COMMON[@]}" \
+      2>&1 | tail -3 | tee -a "$OUT/log.txt" || echo "eval-wm of $1 on $D failed" | tee -a "$OUT/log.txt"
+  done
+}
+evaluate_on_held_out "$OUT/wm" eval
 if [ -n "${ALSO_PID:-}" ]; then
   wait "$ALSO_PID" || echo "train-wm with ${WM_ALSO} failed (see $OUT/wm-also.log)" | tee -a "$OUT/log.txt"
   grep -v "it/s]" "$OUT/wm-also.log" | tail -3 | tee -a "$OUT/log.txt"
-  for D in "${DATASETS[@]}"; do
-    [ "$D" = "$DATA" ] && NAME=eval-also || NAME="eval-also-$(basename "$D")"
-    timeout 300 $PY -m worldloop eval-wm --world-model "$OUT/wm-also" --dataset "$D" --out "$OUT/$NAME" "${COMMON[@]}" \
-      2>&1 | tail -3 | tee -a "$OUT/log.txt" || echo "eval-wm of wm-also on $D failed" | tee -a "$OUT/log.txt"
-  done
+  evaluate_on_held_out "$OUT/wm-also" eval-also
 fi
 
 # 3b. the same with the memory latent noised at every rollout step (world_model.memory_noise), per level

@@ -100,8 +100,8 @@ def horizon_metrics(
             continue
         mask = valid[episodes, :h].float()
 
-        def mean(values: torch.Tensor) -> float:
-            return float((values[episodes, :h] * mask).sum() / mask.sum())
+        def mean(values: torch.Tensor) -> float:  # over the frames each episode has, skipping NaN (psnr_still where nothing stayed)
+            return mean_finite(values[episodes, :h], mask)
 
         def margin_stderr(model: torch.Tensor, copy: torch.Tensor) -> float:
             per_episode = ((model - copy)[episodes, :h] * mask).sum(1) / mask.sum(1)
@@ -112,7 +112,7 @@ def horizon_metrics(
             "psnr": mean(model_psnr), "copy_last_frame_psnr": mean(base_psnr), "psnr_margin_stderr": margin_stderr(model_psnr, base_psnr),
             "ssim": mean(model_ssim), "copy_last_frame_ssim": mean(base_ssim), "ssim_margin_stderr": margin_stderr(model_ssim, base_ssim),
             "psnr_at_h": float(model_psnr[episodes, h - 1].mean()), "copy_last_frame_psnr_at_h": float(base_psnr[episodes, h - 1].mean()),
-            "psnr_still": mean_finite(still_psnr[episodes, :h], mask), "still_fraction": mean(still.float().mean(dim=(-2, -1))),
+            "psnr_still": mean(still_psnr), "still_fraction": mean(still.float().mean(dim=(-2, -1))),
         }  # fmt: skip
         if other_psnr is not None:
             row, other = results[str(h)], mean(other_psnr)
@@ -166,8 +166,7 @@ def evaluate_world_model(model: WorldModel, episodes: Sequence[Any], horizons: S
         "num_envs": len(episodes),
         "device": str(model.device),
         "sampling": {"steps": model.sampling_steps, "shift": model.shift, "decode": model.decode_mode, "memory_noise": model.memory_noise},
-        "model": {k: model.spec[k] for k in ("size", "image_size", "memory_frames", "reference_frame")}
-        | {"context_channels": bool(model.spec.get("context_channels", False))},
+        "model": {k: model.spec[k] for k in ("size", "image_size", "memory_frames", "reference_frame", "context_channels")},
     }
     for i in range(min(videos, len(episodes))):
         n = int(valid[i].sum())

@@ -118,8 +118,9 @@ class WorldModel:
         vae = vae_lib.load_vae(folder / "vae")
         if int(vae.config.z_dim) != int(spec["latent_channels"]):
             raise ValueError(f"{folder}/vae has {vae.config.z_dim} latent channels, the DiT expects {spec['latent_channels']}")
+        spec.setdefault("context_channels", False)  # folders from before the option
         dit = ActionConditionedDiT(spec["size"], int(spec["latent_channels"]), int(spec["action_dim"]), int(spec["chunk_size"]),
-                                   bool(spec.get("context_channels", False)))  # folders from before the option: False
+                                   bool(spec["context_channels"]))  # fmt: skip
         load_weights(folder, dit)
         spec.update({k: v for k, v in sampling.items() if v is not None})
         return cls(dit, vae, spec, device).for_inference()

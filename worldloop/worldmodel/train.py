@@ -330,8 +330,8 @@ def train_world_model(
     if init is not None:
         if (init.image_size, len(init.spec["action_mean"])) != (image_size, action_dim):
             raise ValueError(f"--init world model renders {init.image_size}px with {len(init.spec['action_mean'])}-d actions; this data has {image_size}px, {action_dim}-d")
-        if bool(init.spec.get("context_channels", False)) != config.context_channels:
-            raise ValueError(f"--init world model has context_channels={bool(init.spec.get('context_channels', False))}; "
+        if bool(init.spec["context_channels"]) != config.context_channels:
+            raise ValueError(f"--init world model has context_channels={bool(init.spec['context_channels'])}; "
                              f"world_model.context_channels={config.context_channels} builds a DiT whose input layer differs: set it alike")
         action_mean, action_std = np.asarray(init.spec["action_mean"]), np.asarray(init.spec["action_std"])
     latents_all, actions_all = clips["latents"].to(device), clips["actions"].to(device)
