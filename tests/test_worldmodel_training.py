@@ -112,6 +112,37 @@ def test_self_forcing_trains_on_the_models_own_memory(vae, tmp_path):
         train_world_model(fast_config(self_forcing=0.5), [], vae, tmp_path / "bump", CPU, clips=bump_clips(8, torch.Generator().manual_seed(0))[0])
 
 
+def test_self_forced_memory_rolls_out_up_to_self_forcing_chunks(vae, tmp_path, monkeypatch):
+    """A memory k chunks deep is k samples, each conditioned on the one before and driven by its clip's
+    actions, from the real memory of the clip k chunks earlier; k is drawn from 1..self_forcing_chunks
+    and cut at the episode's first clip."""
+    from worldloop.worldmodel import train as train_lib
+
+    # A fake sampler that adds its clip's marker action to the memory, so a result names its whole path.
+    monkeypatch.setattr(train_lib, "sample_future", lambda dit, context, actions, noise, sigmas: (context[:, :, 1:] + actions[:, 5, 0].view(-1, 1, 1, 1, 1)).expand(-1, -1, 2, -1, -1))
+    previous = torch.tensor([-1, 0, 1, 2, 3, 4, -1, 6])  # episodes of clips 0-5 and 6-7
+    latents = torch.zeros(8, 1, 4, 1, 1)
+    latents[:, 0, 1] = 100 * torch.arange(8.0).view(-1, 1, 1)  # clip i's real memory: 100 i
+    actions = torch.zeros(8, 13, 1)
+    actions[:, 5, 0] = 2.0 ** torch.arange(8.0)  # clip i's marker: 2^i
+
+    def memories(clips: list[int], chunks: int) -> set[float]:
+        result = train_lib.self_forced_memory(None, latents, actions, previous, torch.tensor(clips), chunks, torch.zeros(2), torch.Generator().manual_seed(0))
+        return set(result.flatten().tolist())
+
+    from_4, from_3, from_2 = 400 + 16, 300 + 8 + 16, 200 + 4 + 8 + 16  # clip 5's memory from 1, 2, 3 chunks back
+    assert memories([5] * 60, 3) == {from_4, from_3, from_2}
+    assert memories([5] * 20, 1) == {from_4}
+    assert memories([7] * 20, 3) == {600 + 64}  # clip 6 starts its episode
+    monkeypatch.undo()
+    episodes = square_episodes(2, seed=4, length=40)
+    config = fast_config(steps=2, clip_stride=2, self_forcing=1.0, self_forcing_after=0.0, self_forcing_chunks=3)
+    train_world_model(config, episodes, vae, tmp_path / "sf3", CPU)
+    assert json.loads((tmp_path / "sf3" / "results.json").read_text())["self_forced_clips_this_run"] > 0
+    with pytest.raises(ValueError, match="self_forcing_chunks"):
+        WorldModelConfig(self_forcing_chunks=0).validate()
+
+
 def test_train_vae_writes_a_loadable_folder_and_metrics(tmp_path):
     episodes = square_episodes(3, seed=2, length=12)
     metrics = train_vae(VAEConfig(steps=2, batch_size=2, log_every=1), episodes[:2], episodes[2:], tmp_path / "vae", CPU)

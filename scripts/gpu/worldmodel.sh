@@ -14,8 +14,9 @@
 # MORE_DATA (more dataset folders, e.g. a policy's rollouts: the world model trains on them too and
 # eval-wm replays their held-out episodes as well; each is waited for, MORE_DATA_WAIT_S = 300 s at most,
 # until its collection wrote summary.json), WM_ALSO ("": key=value overrides of a second DiT that trains
-# alongside the first, from scratch, on the same data, VAE and WM_SECONDS, into $OUT/wm-also; eval-wm measures
-# it on the same episodes (eval-also*), an A/B within one lease; only $OUT/wm goes downstream), PY (python with
+# alongside the first, from the same start (scratch, or WM_FROM: then the overrides must keep its architecture),
+# on the same data, VAE and WM_SECONDS, into $OUT/wm-also; eval-wm measures it on the same episodes (eval-also*),
+# an A/B within one lease; only $OUT/wm goes downstream), PY (python with
 # worldloop importable).
 # Run from the repository root after `source scripts/gpu/setup.sh .whl .whl2` (diffusers + av importable).
 # Wall time: ~4 min VAE, ~5.5 min WM (clip encoding + 240 s), ~1 min eval, up to 7 min bench.
@@ -54,7 +55,7 @@ if [ -n "${WM_ALSO:-}" ]; then
   read -r -a ALSO <<< "$WM_ALSO"
   echo "A/B: a second DiT with ${WM_ALSO} trains alongside into $OUT/wm-also" | tee -a "$OUT/log.txt"
   timeout $((WM_SECONDS + 300)) $PY -m worldloop train-wm --dataset "${DATASETS[@]}" --vae "$OUT/vae" --out "$OUT/wm-also" "${COMMON[@]}" \
-    world_model.time_limit_s=$WM_SECONDS "${ALSO[@]}" > "$OUT/wm-also.log" 2>&1 &
+    ${WM_FROM:+--init "$WM_FROM"} world_model.time_limit_s=$WM_SECONDS "${ALSO[@]}" > "$OUT/wm-also.log" 2>&1 &
   ALSO_PID=$!
 fi
 timeout $((WM_SECONDS + 300)) $PY -m worldloop train-wm --dataset "${DATASETS[@]}" --vae "$OUT/vae" --out "$OUT/wm" "${COMMON[@]}" \

@@ -6,8 +6,8 @@ under the preset's VAE). Each setting trains twice, ``--steps`` steps and 1/6 of
 difference over the step difference is the time per optimizer step, free of the fixed costs around
 the loop (building the model, the final samples, the save). Settings: no self-forcing, and
 self-forcing at ``world_model.self_forcing`` (0.5 when the preset has none) from the first step: that
-share of the clips gets its memory latent from a no-grad sample of the clip one chunk earlier, in
-``self_forcing_steps`` Euler steps (``sampling_steps`` when 0). Reported: steps/s, clips/s and the
+share of the clips gets its memory latent from no-grad samples of the clips 1..``self_forcing_chunks``
+chunks earlier, in ``self_forcing_steps`` Euler steps each (``sampling_steps`` when 0). Reported: steps/s, clips/s and the
 DiT's matmul TFLOP/s (3 forwards per trained clip, plus the self-forced samples' forwards).
 """
 
@@ -60,9 +60,11 @@ def measure(config: Config, clips: dict[str, torch.Tensor], vae, steps: int, sel
     tokens = 4 * (side // 2) ** 2
     flops = 3 * dit_flops_per_forward(wm.size, wm.batch_size, tokens)
     sample_steps = sampler_steps(wm)
-    flops += sample_steps * dit_flops_per_forward(wm.size, 1, tokens) * self_forcing * wm.batch_size  # expected self-forced clips
+    chunks = (1 + wm.self_forcing_chunks) / 2  # the mean depth drawn per self-forced clip (the random clips' chain is long)
+    flops += sample_steps * chunks * dit_flops_per_forward(wm.size, 1, tokens) * self_forcing * wm.batch_size  # expected self-forced clips
     return {
         "size": wm.size, "batch": wm.batch_size, "tokens": tokens, "self_forcing": self_forcing, "self_forcing_steps": sample_steps,
+        "self_forcing_chunks": wm.self_forcing_chunks,
         "step_ms": 1e3 * per_step, "steps_per_s": 1 / per_step, "clips_per_s": wm.batch_size / per_step,
         "dit_tflops": flops / per_step / 1e12,
     }  # fmt: skip

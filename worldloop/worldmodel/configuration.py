@@ -99,6 +99,11 @@ class WorldModelConfig:
     from its own frames, not only from real ones, against drift that compounds chunk by chunk. 0 disables."""
     self_forcing_after: float = 0.3
     """Fraction of the training budget before self-forcing starts (until then its predictions are noise)."""
+    self_forcing_chunks: int = 1
+    """Chunks a self-forced memory is rolled out over: each self-forced clip draws k from 1..this and
+    starts k chunks earlier (fewer where its episode begins sooner), so the model also learns to continue
+    from memory that has drifted for several chunks, as objects fade in a long rollout. Each chunk is
+    one no-grad sample; 1: the clip one chunk earlier only."""
     self_forcing_steps: int = 0
     """Euler steps of the self-forced sample; 0: sampling_steps, as in a rollout. Each step is a no-grad DiT
     forward: at 5, self-forcing 0.5 makes a training step 3.3x slower (docs/benchmarks.md, bench wm-train)."""
@@ -161,6 +166,8 @@ class WorldModelConfig:
             raise ValueError(f"context_noise must be in [0, 1], got {self.context_noise}")
         if not 0.0 <= self.self_forcing <= 1.0 or not 0.0 <= self.self_forcing_after <= 1.0:
             raise ValueError(f"self_forcing and self_forcing_after must be in [0, 1], got {self.self_forcing}, {self.self_forcing_after}")
+        if self.self_forcing_chunks < 1:
+            raise ValueError(f"self_forcing_chunks must be >= 1, got {self.self_forcing_chunks}")
         if self.self_forcing_steps < 0:
             raise ValueError(f"self_forcing_steps must be >= 0 (0: sampling_steps), got {self.self_forcing_steps}")
         if self.self_forcing and (self.memory_frames != 4 or not self.reference_frame):

@@ -368,7 +368,7 @@ def train_world_model(
     writer = SummaryWriter(str(out / "tb"))
     num_clips = len(latents_all)
     mean_t = torch.as_tensor(action_mean, dtype=torch.float32, device=device)
-    std_t = torch.as_tensor(action_std, dtype=torch.float32, device=device)
+    normalised_all = (actions_all - mean_t) / torch.as_tensor(action_std, dtype=torch.float32, device=device)  # (M, 13, A)
     loss_value, done, self_forced = float("nan"), step, 0
     self_forcing_sigmas = sampler_sigmas(config.self_forcing_steps, config.shift) if config.self_forcing_steps else model.sigmas
     budget.started = time.time()
@@ -378,18 +378,15 @@ def train_world_model(
             break
         index = torch.randint(num_clips, (config.batch_size,), generator=generator, device=device)
         x0 = latents_all[index]  # (B, C, 4, h, w)
-        actions = (actions_all[index] - mean_t) / std_t  # (B, 13, A)
+        actions = normalised_all[index]  # (B, 13, A)
         batch = x0.shape[0]
         if config.self_forcing and budget.fraction(step) >= config.self_forcing_after:
-            # the memory the model will really see from a rollout's second chunk on: its own sample
-            previous = previous_all[index]
-            chosen = (torch.rand(batch, device=device, generator=generator) < config.self_forcing) & (previous >= 0)
+            # the memory the model will really see from a rollout's second chunk on: its own samples
+            chosen = (torch.rand(batch, device=device, generator=generator) < config.self_forcing) & (previous_all[index] >= 0)
             if chosen.any():
-                earlier, earlier_actions = latents_all[previous[chosen]], (actions_all[previous[chosen]] - mean_t) / std_t
-                start = torch.randn(earlier[:, :, 2:].shape, device=device, generator=generator)
-                generated = sample_future(dit, earlier[:, :, :2], earlier_actions, start, self_forcing_sigmas)
                 x0 = x0.clone()
-                x0[chosen, :, 1] = generated[:, :, -1]
+                x0[chosen, :, 1] = self_forced_memory(dit, latents_all, normalised_all, previous_all, index[chosen],
+                                                      config.self_forcing_chunks, self_forcing_sigmas, generator)  # fmt: skip
                 self_forced += int(chosen.sum())
         context, future = x0[:, :, :2], x0[:, :, 2:]
         # rectified flow on the future latents
@@ -426,11 +423,11 @@ def train_world_model(
             writer.add_scalar("wm/self_forced_clips", self_forced, done)
             bar.set_postfix(loss=f"{loss_value:.4f}")
         if done % config.sample_every == 0 or done == config.steps:
-            _log_samples(writer, ema, vae, latents_all[:4], (actions_all[:4] - mean_t) / std_t, model.sigmas, done)
+            _log_samples(writer, ema, vae, latents_all[:4], normalised_all[:4], model.sigmas, done)
         if done % config.checkpoint_every == 0 and done < config.steps:
             save_checkpoint(out, done, modules, stateful, extra={"shape": shape, "seconds": budget.seconds()})
     if done % config.sample_every and done < config.steps:  # stopped by the time limit: samples of the end state
-        _log_samples(writer, ema, vae, latents_all[:4], (actions_all[:4] - mean_t) / std_t, model.sigmas, done)
+        _log_samples(writer, ema, vae, latents_all[:4], normalised_all[:4], model.sigmas, done)
     writer.close()
     save_checkpoint(out, done, modules, stateful, extra={"shape": shape, "seconds": budget.seconds()})
     model.dit = ema
@@ -442,6 +439,32 @@ def train_world_model(
 
 
 @torch.no_grad()
+def self_forced_memory(
+    dit, latents: torch.Tensor, actions: torch.Tensor, previous: torch.Tensor, clips: torch.Tensor, max_chunks: int, sigmas: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """The memory latent a rollout would hold at each of ``clips`` (indices; each has a predecessor):
+    the model's own last latent after k chunks, k drawn from 1..``max_chunks`` and cut where the episode
+    begins sooner, rolled out from the real context of the clip k chunks earlier with the recorded
+    (normalised) ``actions`` of each clip on the way. Returns (n, C, h, w)."""
+    chain = [clips]  # chain[j]: the clip j chunks earlier, -1 past the episode's start
+    for _ in range(max_chunks):
+        chain.append(torch.where(chain[-1] >= 0, previous[chain[-1].clamp(min=0)], -1))
+    reachable = sum((link >= 0).long() for link in chain[1:])
+    depth = reachable.clamp(max=1)  # with one chunk no draw, so the random stream is the one-chunk path's
+    if max_chunks > 1:
+        depth = torch.minimum(torch.randint(1, max_chunks + 1, clips.shape, device=clips.device, generator=generator), reachable)
+    start = torch.stack(chain)[depth, torch.arange(len(clips), device=clips.device)]
+    memory = latents[start][:, :, 1]
+    for j in range(int(depth.max()), 0, -1):  # clip chain[j] predicts the memory of chain[j - 1]
+        rolling = depth >= j
+        clip = chain[j][rolling]
+        context = torch.stack([latents[clip][:, :, 0], memory[rolling]], dim=2)
+        noise = torch.randn(latents[clip][:, :, 2:].shape, device=latents.device, generator=generator)
+        memory[rolling] = sample_future(dit, context, actions[clip], noise, sigmas)[:, :, -1]
+    return memory
+
+
 def _log_samples(writer, dit, vae, latents: torch.Tensor, actions: torch.Tensor, sigmas: torch.Tensor, step: int) -> None:
     """TensorBoard: real | generated 13-frame clips (context + 8 sampled frames) as one image strip each."""
     device = latents.device
