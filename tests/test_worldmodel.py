@@ -139,15 +139,16 @@ def test_reference_slot_fixed_and_batched_equals_per_env(model):
 
 
 def test_full_and_cached_decode_agree_on_the_first_chunk(model):
-    first, chunk = frames(2, seed=2), torch.randn(2, 8, 3)
-    model.reset(first, seeds=[0, 1])
-    cached = model.step(chunk)
-    model.set_sampling(model.sampling_steps, model.shift, "full")
+    first, chunk, mode = frames(2, seed=2), torch.randn(2, 8, 3), model.decode_mode
+    decoded = {}
     try:
-        model.reset(first, seeds=[0, 1])
-        full = model.step(chunk)
+        for decode in ("cached", "full"):
+            model.set_sampling(model.sampling_steps, model.shift, decode)
+            model.reset(first, seeds=[0, 1])
+            decoded[decode] = model.step(chunk)
     finally:
-        model.set_sampling(model.sampling_steps, model.shift, "cached")
+        model.set_sampling(model.sampling_steps, model.shift, mode)
+    cached, full = decoded["cached"], decoded["full"]
     assert (cached.int() - full.int()).abs().max() <= 1
 
 

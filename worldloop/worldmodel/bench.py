@@ -3,7 +3,7 @@
 For every preset in ``world_model.bench_sizes`` (at its own resolution: tiny 64, small 128,
 wan2.2-5b 256 with the Wan2.2 VAE) and batch size in ``world_model.bench_batch_sizes``: one
 ``WorldModel.step`` = the DiT sampler (``sampling_steps`` batched forwards) + decoding the new frames
-(cached causal decode), timed after warm-up. Also reported: the DiT part alone, the decode of the new
+(as ``world_model.decode`` says), timed after warm-up. Also reported: the DiT part alone, the decode of the new
 latents with the cache vs decoding [context + new] from scratch, new frames/s and model FLOP
 utilisation of the DiT (matmul FLOPs / time / the device's dense bf16 peak; the VAE's FLOPs are not
 counted, so MFU of the whole step is a lower bound).

@@ -132,9 +132,13 @@ class WorldModelConfig:
     """Flow-matching time shift: sigma' = shift*sigma / (1 + (shift-1)*sigma), for training noise levels and sampling."""
     sampling_steps: int = 5
     """Euler steps of the flow-matching sampler per chunk."""
-    decode: Literal["cached", "full"] = "cached"
-    """How new frames are decoded: 'cached' decodes only the new latents with the causal decoder cache kept
-    from the previous chunk; 'full' decodes [context + new] latents and keeps the new frames."""
+    decode: Literal["cached", "full"] = "full"
+    """How new frames are decoded: 'full' decodes [context + new] latents (13 frames, the length a VAE
+    trained here learned) and keeps the new frames; 'cached' decodes only the new latents with the causal
+    decoder cache kept from the previous chunk, half the decode, exactly one long decode of the whole
+    rollout. A VAE trained on 13-frame clips drifts in such a long decode: objects fade within three
+    chunks (docs/results.md, tenth H200 session). 'cached' is for a VAE that learned long videos (Wan2.2's
+    pipelines decode whole videos this way)."""
     held_out_fraction: float = 0.1
     """Fraction of each task's episodes kept out of training (eval-wm measures on them)."""
     log_every: int = 25

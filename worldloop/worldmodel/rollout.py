@@ -83,7 +83,7 @@ class WorldModel:
         self.reference_frame = bool(spec["reference_frame"])
         self.action_mean = torch.tensor(spec["action_mean"], dtype=torch.float32, device=self.device)
         self.action_std = torch.tensor(spec["action_std"], dtype=torch.float32, device=self.device)
-        self.set_sampling(spec.get("sampling_steps", 5), spec.get("shift", 5.0), spec.get("decode", "cached"), spec.get("memory_noise", 0.0))
+        self.set_sampling(spec.get("sampling_steps", 5), spec.get("shift", 5.0), spec.get("decode", "full"), spec.get("memory_noise", 0.0))
         self.decoder = vae_lib.StreamingDecoder(self.vae)
         self.context: torch.Tensor | None = None  # (N, C, 2, h, w)
         self.context_actions: torch.Tensor | None = None  # (N, 5, A) raw
