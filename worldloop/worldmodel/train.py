@@ -438,7 +438,6 @@ def train_world_model(
     return model
 
 
-@torch.no_grad()
 def self_forced_memory(
     dit, latents: torch.Tensor, actions: torch.Tensor, previous: torch.Tensor, clips: torch.Tensor, max_chunks: int, sigmas: torch.Tensor,
     generator: torch.Generator,
@@ -459,12 +458,14 @@ def self_forced_memory(
     for j in range(int(depth.max()), 0, -1):  # clip chain[j] predicts the memory of chain[j - 1]
         rolling = depth >= j
         clip = chain[j][rolling]
-        context = torch.stack([latents[clip][:, :, 0], memory[rolling]], dim=2)
-        noise = torch.randn(latents[clip][:, :, 2:].shape, device=latents.device, generator=generator)
+        real = latents[clip]  # (n_j, C, 4, h, w): its reference frame, and the shape of its future
+        context = torch.stack([real[:, :, 0], memory[rolling]], dim=2)
+        noise = torch.randn(real[:, :, 2:].shape, device=latents.device, generator=generator)
         memory[rolling] = sample_future(dit, context, actions[clip], noise, sigmas)[:, :, -1]
     return memory
 
 
+@torch.no_grad()
 def _log_samples(writer, dit, vae, latents: torch.Tensor, actions: torch.Tensor, sigmas: torch.Tensor, step: int) -> None:
     """TensorBoard: real | generated 13-frame clips (context + 8 sampled frames) as one image strip each."""
     device = latents.device
