@@ -368,7 +368,8 @@ def train_world_model(
     writer = SummaryWriter(str(out / "tb"))
     num_clips = len(latents_all)
     mean_t = torch.as_tensor(action_mean, dtype=torch.float32, device=device)
-    normalised_all = (actions_all - mean_t) / torch.as_tensor(action_std, dtype=torch.float32, device=device)  # (M, 13, A)
+    std_t = torch.as_tensor(action_std, dtype=torch.float32, device=device)
+    normalised_all = (actions_all - mean_t) / std_t  # (M, 13, A), once for every batch and self-forced sample
     loss_value, done, self_forced = float("nan"), step, 0
     self_forcing_sigmas = sampler_sigmas(config.self_forcing_steps, config.shift) if config.self_forcing_steps else model.sigmas
     budget.started = time.time()
@@ -450,8 +451,9 @@ def self_forced_memory(
     for _ in range(max_chunks):
         chain.append(torch.where(chain[-1] >= 0, previous[chain[-1].clamp(min=0)], -1))
     reachable = sum((link >= 0).long() for link in chain[1:])
-    depth = reachable.clamp(max=1)  # with one chunk no draw, so the random stream is the one-chunk path's
-    if max_chunks > 1:
+    if max_chunks == 1:  # no draw, so the random stream is the one-chunk path's
+        depth = torch.ones_like(clips)
+    else:
         depth = torch.minimum(torch.randint(1, max_chunks + 1, clips.shape, device=clips.device, generator=generator), reachable)
     start = torch.stack(chain)[depth, torch.arange(len(clips), device=clips.device)]
     memory = latents[start][:, :, 1]
