@@ -73,9 +73,15 @@ def test_loop_runs_every_stage_resumes_and_reports(tmp_path, capsys):
         assert row.split("|")[5].strip() == (f"{e['kappa']:.2f} ± {e['kappa_stderr']:.2f}" if "kappa" in e else "-"), row
     # and how long imagination followed the real trajectory, one line per evaluation that measured it
     tracked = [e for e in evaluations if e.get("tracking")]
-    lines = [line for line in text.splitlines() if line.startswith(("- stage1 @", "- stage2 @"))]
+    lines = [line for line in text.splitlines() if line.startswith(("- stage1 @", "- stage2 @")) and "PSNR" in line]
     assert tracked and len(lines) == len(tracked)
     assert all(f"PSNR {e['tracking'][0]['psnr']:.1f}" in line for line, e in zip(lines, tracked)), lines
+    # and where the gap came from: the judge on the real frames, the world model replaying the real actions, the closed loop
+    sourced = [e for e in evaluations if e.get("gap_sources")]
+    lines = [line for line in text.splitlines() if line.startswith(("- stage1 @", "- stage2 @")) and "against the simulator" in line]
+    assert sourced and len(lines) == len(sourced)
+    replayed = [f"the world model replaying the real actions {e['gap_sources']['replayed']['success_once']:.3f}" for e in sourced]
+    assert all(text in line for text, line in zip(replayed, lines)), lines
     horizons = results["world_model"]["base"]
     assert horizons and all("copy_last_frame_psnr" in m for m in horizons.values())
     assert (run / "per_task.png").is_file() and (run / "learning_curves.png").is_file()

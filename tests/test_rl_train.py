@@ -368,3 +368,52 @@ def test_reality_check_writes_real_next_to_imagined_videos(tmp_path):
     frames = read_mp4(tmp_path / videos[0])
     assert frames.shape[1:] == (32, 64, 3)  # real | imagined, 32x32 each
     assert 1 <= len(frames) <= 16 // 4  # one frame per chunk, up to the episode's end
+
+
+def test_the_gap_is_traced_to_the_judge_or_the_world_model():
+    """The reality check's gap sources: the imagined environment's judge on the real episodes' frames,
+    and its world model replaying the real action chunks open loop. A lenient judge shows at the first,
+    a world model that moves the dot to the target whatever the actions at the second; a faithful pair
+    tracks the simulator at both."""
+    from worldloop.rl.trainer import OPTIMISTIC, gap_source, imagination_gap_diagnosis, results_table
+
+    class Drifting(ToyWorldModel):  # every action chunk takes the dot straight to the target
+        def step(self, action_chunks):
+            toward = ((self._targets - self._dots) / (self.speed * self.chunk_size)).clamp(-1, 1)
+            return super().step(toward[:, None].expand_as(action_chunks))
+
+    torch.manual_seed(0)
+    policy, episodes = ToyPolicy(), 64
+
+    def check(world_model, judge):
+        env = ImaginedEnv(world_model, judge, make_pool(32, 3), episodes, 1, max_steps=16, kir_ratio=0.0)
+        return RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=env)(policy) | {"iteration": 0}
+
+    faithful = check(ToyWorldModel(), ToyJudge())
+    assert 0.1 < faithful["real"]["success_once"] < 0.6, faithful["real"]
+    for source in faithful["gap_sources"].values():
+        assert source["kappa"] > 0.8 and source["episodes"] == episodes, faithful["gap_sources"]
+    assert "the judge on the real frames" in results_table([faithful]) and "closed loop" in results_table([faithful])
+
+    lenient = check(ToyWorldModel(), ToyJudge(radius=10.0))
+    assert lenient["gap_sources"]["judged_real"]["success_once"] == 1.0
+    assert gap_source(lenient).startswith("it starts at the judge on the real frames"), gap_source(lenient)
+    assert imagination_gap_diagnosis(lenient).startswith(OPTIMISTIC) and "starts at the judge" in imagination_gap_diagnosis(lenient)
+
+    drifting = check(Drifting(), ToyJudge())
+    sources = drifting["gap_sources"]
+    assert sources["judged_real"]["kappa"] > 0.6 and sources["replayed"]["success_once"] > 0.9 > 0.6 > drifting["real"]["success_once"], sources
+    assert gap_source(drifting).startswith("it starts at the world model replaying the real actions"), gap_source(drifting)
+
+
+def test_a_gap_that_neither_the_judge_nor_the_replay_shows_is_the_closed_loop():
+    rate = lambda r: {"success_once": r, "stderr": 0.03}  # noqa: E731
+    result = {"real": rate(0.3), "imagined": rate(0.7), "gap_sources": {"judged_real": rate(0.32), "replayed": rate(0.36)}}
+    from worldloop.rl.trainer import gap_source
+
+    assert gap_source(result) == ("the judge on the real frames 0.32, the world model replaying the real actions 0.36, near the real rate: "
+                                  "the gap arises in the closed loop, where the policy acts on imagined frames")  # fmt: skip
+    assert gap_source({"real": rate(0.3), "imagined": rate(0.7)}) == ""
+    # a pessimistic gap is traced in its own direction: a replay above the real rate does not explain it
+    assert gap_source(result | {"imagined": rate(0.0), "gap_sources": {"replayed": rate(0.9)}}).endswith("closed loop, where the policy acts on imagined frames")
+    assert gap_source(result | {"imagined": rate(0.0), "gap_sources": {"replayed": rate(0.0)}}).startswith("it starts at the world model")

@@ -30,7 +30,9 @@ def collect_results(run: Path, paths: dict[str, str], stage_seconds: dict[str, f
                 "evaluations": [
                     {"iteration": e["iteration"], "real": _rate(e["real"]), **({"imagined": _rate(e["imagined"])} if "imagined" in e else {}),
                      **({"kappa": e["kappa"], "kappa_stderr": e["kappa_stderr"]} if e.get("kappa") is not None else {}),
-                     **({"tracking": e["tracking"]} if e.get("tracking") else {})}  # fmt: skip
+                     **({"tracking": e["tracking"]} if e.get("tracking") else {}),
+                     **({"gap_sources": {name: _rate(step) | {"kappa": step["kappa"], "kappa_stderr": step["kappa_stderr"]}
+                                         for name, step in e["gap_sources"].items()}} if e.get("gap_sources") else {})}  # fmt: skip
                     for e in rl["evaluations"]
                 ],
                 "train_success": [h.get("env/success_once") for h in rl["history"]],
@@ -82,6 +84,13 @@ def render_markdown(run: Path, results: dict[str, Any], plots: list[str]) -> str
             lines += ["", "How long imagination follows the real trajectory (PSNR of the imagined against the real observation,",
                       "beside the initial frame's; the share of equal action tokens; the kappa of \"succeeded by then\"):", ""]
             lines += [f"- {stage} @ {e['iteration']}: {tracking_line(e['tracking'])}" for stage, e in tracked]
+        sourced = [(stage, e) for stage, block in results["imagination_vs_reality"].items() for e in block["evaluations"] if e.get("gap_sources")]
+        if sourced:
+            from worldloop.rl.trainer import sources_line
+
+            lines += ["", "Where the gap comes from: the judge on the real episodes' frames, the world model replaying their actions",
+                      "open loop, then the closed loop (success, and per episode kappa against the simulator):", ""]
+            lines += [f"- {stage} @ {e['iteration']}: {sources_line(e)}" for stage, e in sourced]
     for name, horizons in results["world_model"].items():
         lines += ["", f"## World model ({name}): open-loop replay of held-out trajectories", ""]
         lines += ["| horizon | episodes | PSNR | copy-last-frame PSNR | SSIM | copy-last-frame SSIM |", "| ---: | ---: | ---: | ---: | ---: | ---: |"]

@@ -13,7 +13,8 @@ or topreward:PATH), starting from the first frames of --dataset and, for a fract
 of the groups, from the KIR keyframes in --keyframes (written by `worldloop kir`).
 --env real: GRPO straight in the real simulator (the baseline that spends real trajectories).
 Every rl.eval_every iterations the policy is evaluated in the real simulator on rl.eval_tasks and,
-from the same initial states, in imagination (the imagination-reality gap). RUN holds config.yaml,
+from the same initial states, in imagination (the imagination-reality gap), and the gap is traced: the
+judge on the real episodes' frames, and the world model replaying their actions open loop. RUN holds config.yaml,
 tb/ (TensorBoard), checkpoints/ (rerun to resume), results.json, results.md, curves.png, policy/ (final)
 and videos/ (real | imagined from the same initial state at each evaluation).
 Example: worldloop rl --policy runs/sft --world-model runs/wm --judge runs/rw --dataset runs/data \\

@@ -21,6 +21,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 import torch
 
+from worldloop.envs.judging import ChunkVerdicts
 from worldloop.envs.protocol import EnvReset, EnvStep, check_actions
 
 MEMORY_FRAMES = 4
@@ -143,8 +144,6 @@ class ImaginedEnv:
             raise ValueError(f"initial states are {pool_size} frames but the world model renders {image_size}x{image_size}")
         if num_envs % group_size != 0:
             raise ValueError(f"num_envs={num_envs} must be a multiple of group_size={group_size}")
-        if success_chunks < 1:
-            raise ValueError(f"success_chunks must be >= 1, got {success_chunks}")
         if max_steps % world_model.chunk_size != 0:
             raise ValueError(f"max_steps={max_steps} must be a multiple of the world model's chunk size {world_model.chunk_size}")
         self.world_model, self.judge, self.pool = world_model, judge, initial_states
@@ -152,14 +151,13 @@ class ImaginedEnv:
         self.chunk_size, self.action_dim, self.image_size = int(world_model.chunk_size), int(world_model.action_dim), image_size
         self.reward_scale, self.kir_ratio, self.device = reward_scale, kir_ratio, torch.device(device)
         self.success_chunks = success_chunks
+        self._verdicts = ChunkVerdicts(judge, success_chunks)
         self.task_names = sorted(set(initial_states.instructions))
         """The tasks are the instructions of the initial-state pool."""
         self.instructions: list[str] = []
         self._elapsed = torch.zeros(num_envs, dtype=torch.long, device=self.device)
         self._done = torch.zeros(num_envs, dtype=torch.bool, device=self.device)
         self._success_before = torch.zeros(num_envs, device=self.device)
-        self._streak = torch.zeros(num_envs, dtype=torch.long, device=self.device)  # consecutive chunks judged a success
-        self._history = torch.zeros(num_envs, judge.window, image_size, image_size, 3, dtype=torch.uint8, device=self.device)
         self.started_from_keyframe = torch.zeros(num_envs, dtype=torch.bool)
         """(N,) whether each current episode started from a KIR keyframe."""
 
@@ -205,13 +203,10 @@ class ImaginedEnv:
         recent = torch.cat([memory, current[:, None]], dim=1)  # (N, 5, H, W, 3)
         actions = memory_actions.to(self.device) if memory_actions is not None else None
         self.world_model.reset(anchors, recent[:, -MEMORY_FRAMES:], seeds=noise_seeds, memory_actions=actions)
-        window = self.judge.window
-        padded = torch.cat([recent[:, :1].expand(-1, max(window - recent.shape[1], 0), -1, -1, -1), recent], dim=1)
-        self._history = padded[:, -window:].contiguous()
+        self._verdicts.start(recent)
         self._elapsed.zero_()
         self._done.zero_()
         self._success_before.zero_()
-        self._streak.zero_()
         self.instructions = instructions
         return EnvReset(current, list(instructions), None)
 
@@ -238,13 +233,9 @@ class ImaginedEnv:
         check_actions(actions, self.num_envs, self.chunk_size, self.action_dim)
         active = ~self._done  # (N,)
         frames = self.world_model.step(actions.to(self.device))  # (N, K, H, W, 3) uint8
-        last = self._history[:, -1:]  # finished episodes repeat their last frame
+        last = self._verdicts.history[:, -1:]  # finished episodes repeat their last frame
         frames = torch.where(active[:, None, None, None, None], frames, last.expand_as(frames))
-        self._history = torch.cat([self._history, frames], dim=1)[:, -self.judge.window :]
-
-        judged = self.judge.success(self._history, self.instructions).to(self.device).bool() & active  # (N,)
-        self._streak = torch.where(judged, self._streak + 1, 0)
-        success_now = self._streak >= self.success_chunks
+        success_now = self._verdicts.update(frames, self.instructions, active)  # (N,)
         reward = self.reward_scale * (success_now.float() - self._success_before) * active
         self._success_before = torch.maximum(self._success_before, success_now.float())
 

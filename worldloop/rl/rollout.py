@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 import torch
 
+from worldloop.envs.judging import JudgedEnv
 from worldloop.envs.protocol import EnvReset, VecEnv
 from worldloop.utils.device import autocast_dtype
 from worldloop.utils.stats import agreement_beyond_chance, rate_with_stderr
@@ -42,6 +43,8 @@ class Rollout:
     """(N, T) value estimates (policies with a value head)."""
     last_values: torch.Tensor | None = None
     """(N,) value of the observation after the last chunk."""
+    actions: torch.Tensor | None = None
+    """(N, T, K, A) the action chunks sent to the environment (what a world model replays)."""
 
     @property
     def success_once(self) -> torch.Tensor:
@@ -77,12 +80,14 @@ def collect(policy: Any, env: VecEnv, first: EnvReset, temperature: float = 1.0,
     num_chunks = math.ceil(env.max_steps / env.chunk_size)
     instructions = list(first.instructions)
     observation = first.frames
-    images, tokens, log_probs, values, rewards, done, truncated, success = ([] for _ in range(8))
+    images, actions, tokens, log_probs, values, rewards, done, truncated, success = ([] for _ in range(9))
     for _ in range(num_chunks):
         with autocast(device):
             out = policy.act(observation, instructions, temperature=temperature, greedy=greedy)
-        step = env.step(out.actions.float().to(env.device))
+        chunk = out.actions.float()
+        step = env.step(chunk.to(env.device))
         images.append(observation.to(device))
+        actions.append(chunk.to(device))
         tokens.append(out.tokens.to(device))
         log_probs.append(out.log_probs.float().to(device))
         if out.values is not None:
@@ -113,6 +118,7 @@ def collect(policy: Any, env: VecEnv, first: EnvReset, temperature: float = 1.0,
         elapsed=env.elapsed_steps.to(device),
         values=torch.stack(values, dim=1) if values else None,
         last_values=last_values,
+        actions=torch.stack(actions, dim=1),
     )
 
 
@@ -132,6 +138,11 @@ class RealityCheck:
     """Evaluate a policy in the real simulator and, from the very same initial observations, in the
     imagined environment: real success, imagined success and their gap, side by side, and whether the
     imagined verdict of each episode tracks its real one (agreement against chance, Cohen's kappa).
+
+    Where the gap comes from (``gap_sources``), each against the simulator's verdicts: ``judged_real``,
+    the imagined environment's judge on the real episodes' own frames (the judge alone); ``replayed``,
+    the imagined environment driven open loop by the real episodes' action chunks (the world model and
+    the judge); the closed-loop ``imagined`` run adds the policy reacting to imagined frames.
 
     ``real_env`` has one environment per evaluation episode (tasks x episodes_per_task, task-major);
     ``seeds`` (default: 10**6 + 1000 * task position + episode) are the same at every evaluation,
@@ -167,21 +178,32 @@ class RealityCheck:
 
     def __call__(self, policy: Any, tag: str = "eval") -> dict[str, Any]:
         """Real and imagined success of ``policy``; ``tag`` names this evaluation's videos."""
-        first = self.real_env.reset(self.task_of_episode, self.seeds)
-        real = collect(policy, self.real_env, first, self.temperature, self.greedy)
+        judge = getattr(self.imagined_env, "judge", None)
+        real_env = self.real_env if judge is None else JudgedEnv(self.real_env, judge, getattr(self.imagined_env, "success_chunks", 1))
+        first = real_env.reset(self.task_of_episode, self.seeds)
+        real = collect(policy, real_env, first, self.temperature, self.greedy)
         result = {"real": summarize(real.success_once, self.task_of_episode)}
         if self.imagined_env is not None:
             start = self.imagined_env.reset_to(first.frames, list(first.instructions))
             imagined = collect(policy, self.imagined_env, start, self.temperature, self.greedy)
             result["imagined"] = summarize(imagined.success_once, self.task_of_episode)
             # per episode, beyond what each task's success rate alone explains (kappa 0: RL's reward is noise)
-            agreement = agreement_beyond_chance(real.success_once.tolist(), imagined.success_once.tolist(), self.task_of_episode)
-            result["agreement"], result["agreement_by_chance"] = agreement["agreement"], agreement["chance"]
-            result["kappa"], result["kappa_stderr"] = agreement["kappa"], agreement["kappa_stderr"]
+            result |= self._versus_real(real.success_once, imagined.success_once)
             result["tracking"] = trajectory_tracking(real, imagined, self.task_of_episode)
+            sources = {"replayed": replay(self.imagined_env, first, real)}
+            if judge is not None:
+                sources = {"judged_real": real_env.success_once} | sources
+            result["gap_sources"] = {name: summarize(verdicts, self.task_of_episode) | self._versus_real(real.success_once, verdicts)
+                                     for name, verdicts in sources.items()}  # fmt: skip
             if self.video_dir is not None and self.videos_per_task > 0:
                 self._write_videos(real, imagined, tag)
         return result
+
+    def _versus_real(self, real: torch.Tensor, verdicts: torch.Tensor) -> dict[str, Any]:
+        """Per-episode agreement of ``verdicts`` with the simulator's, against chance within tasks."""
+        agreement = agreement_beyond_chance(real.tolist(), verdicts.tolist(), self.task_of_episode)
+        return {"agreement": agreement["agreement"], "agreement_by_chance": agreement["chance"],
+                "kappa": agreement["kappa"], "kappa_stderr": agreement["kappa_stderr"]}  # fmt: skip
 
     def _write_videos(self, real: Rollout, imagined: Rollout, tag: str) -> None:
         from worldloop.data.video import write_mp4
@@ -198,6 +220,20 @@ class RealityCheck:
                 caption(episode_frames(imagined, i), "imagined", bool(imagined.success_once[i])),
             )
             write_mp4(self.video_dir / f"{tag}_{task}_{number:02d}.mp4", video, fps=4)
+
+
+@torch.no_grad()
+def replay(env: Any, first: EnvReset, real: Rollout) -> torch.Tensor:
+    """(N,) bool: success in the imagined ``env`` driven from the real run's initial observations by the
+    real run's own action chunks, counted over the chunks each real episode executed. Open loop, no
+    policy: what differs from reality here is the world model and the judge alone."""
+    env.reset_to(first.frames, list(first.instructions))
+    executed = torch.cat([torch.ones_like(real.done[:, :1]), ~real.done[:, :-1]], dim=1)  # (N, T): chunk t ran in reality
+    success = torch.zeros_like(executed[:, 0])
+    for t in range(real.actions.shape[1]):
+        step = env.step(real.actions[:, t].to(env.device))
+        success |= step.success.any(dim=1).to(success.device) & executed[:, t]
+    return success
 
 
 def trajectory_tracking(real: Rollout, imagined: Rollout, tasks: Sequence[str]) -> list[dict[str, Any]]:
