@@ -166,6 +166,7 @@ def test_evaluate_writes_metrics_and_strips(vae, tmp_path):
     assert row["action_delta_psnr"] == pytest.approx(row["psnr"] - row["psnr_other_actions"])  # the other-actions replay ran
     assert (tmp_path / "eval" / "episode_00_strip.png").is_file() and (tmp_path / "eval" / "episode_00_real_vs_generated.mp4").is_file()
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["rollout_frames_per_second"] > 0
+    assert metrics["per_task"] == {}  # the square episodes are one task
 
 
 def test_horizon_metrics_margin_stderr_is_over_episodes():
@@ -182,6 +183,29 @@ def test_horizon_metrics_margin_stderr_is_over_episodes():
     margins = torch.tensor([exact_db - copy_db, 20 * math.log10(255 / 10) - copy_db, 20 * math.log10(255 / 20) - copy_db])
     assert row["psnr_margin_stderr"] == pytest.approx(float(margins.std() / math.sqrt(3)), rel=1e-4)
     assert row["ssim_margin_stderr"] >= 0
+
+
+def test_per_task_metrics_separate_a_scene_the_model_renders_badly():
+    """Two tasks: the model is exact on one and off by 20 grey levels on the other. Each task's row sees
+    only its own episodes; the pooled row averages them; a single task gives no breakdown."""
+    from types import SimpleNamespace
+
+    from worldloop.worldmodel.evaluate import horizon_metrics, per_task_metrics
+
+    real = torch.full((4, 4, 16, 16, 3), 100, dtype=torch.uint8)
+    generated = real.clone()
+    generated[2:] += 20
+    baseline, valid = real + 30, torch.ones(4, 4, dtype=torch.bool)
+    episodes = [SimpleNamespace(instruction=task) for task in ("open the window", "open the window", "push the puck", "push the puck")]
+    rows = per_task_metrics(episodes, real, generated, baseline, valid, [4], other_actions=generated.flip(0))
+    assert sorted(rows) == ["open the window", "push the puck"]
+    window, puck = rows["open the window"]["4"], rows["push the puck"]["4"]
+    assert window["episodes"] == puck["episodes"] == 2
+    assert window["psnr"] == pytest.approx(100.0) and puck["psnr"] == pytest.approx(20 * math.log10(255 / 20), rel=1e-4)
+    assert window["action_delta_psnr"] > 0 and puck["action_delta_psnr"] < 0  # each driven by the other task's frames
+    pooled = horizon_metrics(real, generated, baseline, valid, [4])["4"]
+    assert pooled["psnr"] == pytest.approx((window["psnr"] + puck["psnr"]) / 2)
+    assert per_task_metrics(episodes[:2], real[:2], generated[:2], baseline[:2], valid[:2], [4]) == {}
 
 
 def test_psnr_still_sees_a_fading_object_and_ignores_what_moved():

@@ -128,6 +128,15 @@ def ev(folder="eval"):
     print("action dPSNR: PSNR lost when each episode is replayed with the next one's actions (near 0: the model ignores them)")
     print("still PSNR: where the real frame still equals the first one (the table, untouched objects); copy-last-frame is exact there")
     print(f"rollout {m['rollout_frames_per_second']:.1f} frames/s with {m['num_envs']} envs; LPIPS/FID/FVD: {m['lpips']}")
+    tasks = m.get("per_task") or {}
+    if tasks:
+        first, last = min(m["horizons"], key=int), max(m["horizons"], key=int)
+        print(f"per task: PSNR (copy-last-frame) at horizons {first} and {last}, still PSNR at {last}, episodes at {first}:")
+        for task, rows in tasks.items():
+            cells = [f"h{h} {rows[h]['psnr']:6.2f} ({rows[h]['copy_last_frame_psnr']:5.2f})" if h in rows else f"h{h} -" for h in (first, last)]
+            still = rows[last]["psnr_still"] if last in rows else float("nan")
+            n = rows[first]["episodes"] if first in rows else 0
+            print(f"  {task[:44]:<44} n={n:<3} " + "  ".join(cells) + f"  still {still:6.2f}")
 def bench():
     print((out / "bench_wm.txt").read_text())
 for name, fn in (("vae", vae), ("wm", wm), ("eval", ev), ("bench", bench)):

@@ -121,6 +121,24 @@ def horizon_metrics(
     return results
 
 
+def per_task_metrics(
+    episodes: Sequence[Any], real: torch.Tensor, generated: torch.Tensor, baseline: torch.Tensor, valid: torch.Tensor,
+    horizons: Sequence[int], other_actions: torch.Tensor | None = None,
+) -> dict[str, dict[str, Any]]:
+    """``horizon_metrics`` of each task's episodes (keyed by instruction; {} for a single task): a model can
+    render one scene well and another badly (the window tasks' thin frames blur from the first chunk, CPU
+    follow-up of the eleventh H200 session), and RL in imagination is only as good as its tasks' scenes."""
+    tasks = [getattr(e, "instruction", "") for e in episodes]
+    if len(set(tasks)) < 2:
+        return {}
+    rows = {}
+    for task in sorted(set(tasks)):
+        index = torch.tensor([i for i, t in enumerate(tasks) if t == task])
+        other = other_actions[index] if other_actions is not None else None
+        rows[task] = horizon_metrics(real[index], generated[index], baseline[index], valid[index], horizons, other)
+    return rows
+
+
 def mean_finite(values: torch.Tensor, weights: torch.Tensor) -> float:
     """The ``weights``-weighted mean of the finite ``values`` (NaN when there are none)."""
     finite = torch.isfinite(values)
@@ -160,6 +178,7 @@ def evaluate_world_model(model: WorldModel, episodes: Sequence[Any], horizons: S
         _, other, _, _ = open_loop(model, episodes, max(usable), seed, actions_of=list(episodes[1:]) + [episodes[0]])
     metrics: dict[str, Any] = {
         "horizons": horizon_metrics(real, generated, baseline, valid, usable, other),
+        "per_task": per_task_metrics(episodes, real, generated, baseline, valid, usable, other),
         "skipped_horizons": skipped,
         **feature_metrics_status(),
         "rollout_frames_per_second": rollout_fps,
