@@ -41,6 +41,8 @@
 # collection and evaluations), RL_EPISODES (EPISODES: RL's real evaluations per task; the gain is judged
 # in standard errors, so more is better), RL_LR (rl.sh's 1e-5), RL_EVAL_EVERY (10 iterations between RL's real
 # evaluations; the first and the last always run), RL_EXTRA (more rl.* overrides for RL only),
+# RL_TASKS ("": phase 3's choice; comma-separated MT10 tasks instead, e.g. to avoid a scene the world model
+# renders badly: see the per-task rows of wm/summary.txt),
 # SIM_WORKERS (14), BENCH=0 (skip `bench sim` and the GPU benchmarks), EXPERT=0 (skip the expert's
 # evaluation), DEMOS ("1 5 20": the SFT runs of the policy chain; BASE_ROLLOUTS needs 1 among them),
 # BASE_ROLLOUTS (0: none; rollouts per task of SFT-1 for the world model and the judge).
@@ -170,6 +172,7 @@ fi
    done
  done) &
 read -r POLICY TASKS <<< "$choice"
+TASKS=${RL_TASKS:-$TASKS}
 MINUTES=$(( (DEADLINE_MIN * 60 - SECONDS) / 60 - 4 )); [ "$MINUTES" -lt 3 ] && MINUTES=3
 mark "rl: base $POLICY on $TASKS for $MINUTES min"
 OUT="$OUT/rl" OVERRIDES="$EXTRA" RL_OVERRIDES="rl.eval_every=${RL_EVAL_EVERY:-10} rl.eval_episodes_per_task=${RL_EPISODES:-$EPISODES}${RL_LR:+ rl.lr=$RL_LR}${RL_EXTRA:+ $RL_EXTRA}" \
