@@ -18,6 +18,9 @@ still equals the first one (every channel within ``STILL_TOLERANCE``): the table
 the robot touches them. Copy-last-frame is exact there by construction, so it has no baseline; it is
 for comparing models. Small objects that fade cost the whole-frame PSNR little and this much more
 (the ninth H200 session's models lost the task objects within a few chunks).
+
+Every metric is also reported per task (``per_task``, keyed by instruction): the pooled rows can hide
+the one scene a model renders badly.
 """
 
 from __future__ import annotations
