@@ -10,7 +10,7 @@ from typing import Any
 
 def plot_curves(results: dict[str, Any], path: str | Path) -> Path:
     """Left: real success_once per task (± standard error) at each evaluation, imagined from the same
-    initial states dashed. Right: per training iteration, the imagined success_once, the share of
+    initial states dashed, the judge on the real frames (^) and the world model replaying the real actions (x). Right: per training iteration, the imagined success_once, the share of
     groups kept by GRPO and the share that were all-success (the signal RL had). Third: approx_kl, clip_fraction and
     approx_kl before the update (rollout vs update numerics) per iteration, log scale."""
     import matplotlib
@@ -32,6 +32,10 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> Path:
         if all("imagined" in e for e in evaluations):
             imagined = [e["imagined"]["per_task"][task]["success_once"] for e in evaluations]
             left.plot(iterations, imagined, "s--", color=colour, label=f"{task}: imagined")
+        for name, marker in (("judged_real", "^"), ("replayed", "x")):  # where the gap comes from (RealityCheck)
+            if all(name in e.get("gap_sources", {}) for e in evaluations):
+                rates = [e["gap_sources"][name]["per_task"][task]["success_once"] for e in evaluations]
+                left.plot(iterations, rates, marker, color=colour, linestyle="none", label=f"{task}: {name}")
     left.set(xlabel="RL iteration", ylabel="success_once", ylim=(-0.03, 1.03), title="evaluations")
     if tasks:
         left.legend(fontsize=7)
