@@ -10,9 +10,10 @@ from typing import Any
 
 def plot_curves(results: dict[str, Any], path: str | Path) -> Path:
     """Left: real success_once per task (± standard error) at each evaluation, imagined from the same
-    initial states dashed, the judge on the real frames (^) and the world model replaying the real actions (x). Right: per training iteration, the imagined success_once, the share of
-    groups kept by GRPO and the share that were all-success (the signal RL had). Third: approx_kl, clip_fraction and
-    approx_kl before the update (rollout vs update numerics) per iteration, log scale."""
+    initial states dashed, the judge on the real frames (^) and the world model replaying the real actions (x).
+    Right: per training iteration, the imagined success_once, the share of groups kept by GRPO and the share
+    that were all-success (the signal RL had). Third: approx_kl, clip_fraction and approx_kl before the update
+    (rollout vs update numerics) per iteration, log scale."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -366,13 +366,13 @@ def gap_source(result: dict[str, Any], margin: float = 0.2) -> str:
 
 
 def sources_line(result: dict[str, Any]) -> str:
-    """'success and kappa against the simulator: the judge on the real frames 0.400 ± 0.035 (kappa 0.81 ± 0.05),
-    the world model replaying the real actions 0.600 ± 0.035 (kappa 0.30 ± 0.07), closed loop 0.700 ± 0.032 (kappa 0.01 ± 0.07)'."""
+    """'success and kappa against the simulator: the judge on the real frames 0.400 ± 0.035 (n=200) (kappa 0.81 ± 0.05),
+    the world model replaying the real actions 0.600 ± 0.035 (n=200) (kappa 0.30 ± 0.07), closed loop 0.700 ± 0.032 (n=200) (kappa ...)'."""
     steps = dict(result["gap_sources"]) | {"imagined": result["imagined"] | {"kappa": result.get("kappa"), "kappa_stderr": result.get("kappa_stderr")}}
     parts = []
     for name, step in steps.items():
         kappa = format_kappa(step["kappa"], step["kappa_stderr"]) if step.get("kappa") is not None else "-"
-        parts.append(f"{SOURCES[name]} {step['success_once']:.3f} ± {step['stderr']:.3f} (kappa {kappa})")
+        parts.append(f"{SOURCES[name]} {_rate(step)} (kappa {kappa})")
     return "success and kappa against the simulator: " + ", ".join(parts)
 
 
