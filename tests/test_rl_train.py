@@ -406,6 +406,11 @@ def test_the_gap_is_traced_to_the_judge_or_the_world_model():
     assert gap_source(drifting).startswith("it starts at the world model replaying the real actions"), gap_source(drifting)
 
 
+def test_a_reality_check_across_resolutions_is_refused_before_it_runs():
+    with pytest.raises(ValueError, match="renders 64x64 frames but the imagined one 32x32"):
+        RealityCheck(ToyEnv(4, image_size=64), [TASK], 4, imagined_env=imagined(4, 1))
+
+
 def test_a_gap_that_neither_the_judge_nor_the_replay_shows_is_the_closed_loop():
     rate = lambda r: {"success_once": r, "stderr": 0.03}  # noqa: E731
     result = {"real": rate(0.3), "imagined": rate(0.7), "gap_sources": {"judged_real": rate(0.32), "replayed": rate(0.36)}}

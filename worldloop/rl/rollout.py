@@ -167,6 +167,10 @@ class RealityCheck:
             raise ValueError(f"the real evaluation env has {real_env.num_envs} envs; {len(tasks)} tasks x {episodes_per_task} episodes need {count}")
         if imagined_env is not None and imagined_env.num_envs != count:
             raise ValueError(f"the imagined evaluation env has {imagined_env.num_envs} envs; expected {count}")
+        if imagined_env is not None and int(imagined_env.image_size) != int(real_env.image_size):
+            # found now, not after a whole real evaluation: the imagined run starts from the real frames, and its judge reads them
+            raise ValueError(f"the real evaluation env renders {real_env.image_size}x{real_env.image_size} frames but the imagined one "
+                             f"{imagined_env.image_size}x{imagined_env.image_size}: evaluate at the world model's resolution (sim.image_size)")
         self.real_env, self.imagined_env = real_env, imagined_env
         self.task_of_episode = [task for task in tasks for _ in range(episodes_per_task)]
         default = [10**6 + 1000 * t + e for t in range(len(tasks)) for e in range(episodes_per_task)]
