@@ -42,7 +42,9 @@
 # in standard errors, so more is better), RL_LR (rl.sh's 1e-5), RL_EVAL_EVERY (10 iterations between RL's real
 # evaluations; the first and the last always run), RL_EXTRA (more rl.* overrides for RL only),
 # RL_TASKS ("": phase 3's choice; comma-separated MT10 tasks instead, e.g. to avoid a scene the world model
-# renders badly: see the per-task rows of wm/summary.txt),
+# renders badly: see the per-task rows of wm/summary.txt), RL_ALSO (more rl.* overrides of a second RL run beside
+# the first, on the same GPU, tasks and keyframes, into $OUT/rl-also, for an A/B; e.g. "rl.kir_ratio=1.0 rl.max_steps=96":
+# short rollouts from keyframes only; both runs' evaluations start from first frames and run sim.max_steps),
 # SIM_WORKERS (14), BENCH=0 (skip `bench sim` and the GPU benchmarks), EXPERT=0 (skip the expert's
 # evaluation), DEMOS ("1 5 20": the SFT runs of the policy chain; BASE_ROLLOUTS needs 1 among them),
 # BASE_ROLLOUTS (0: none; rollouts per task of SFT-1 for the world model and the judge).
@@ -173,9 +175,22 @@ fi
  done) &
 read -r POLICY TASKS <<< "$choice"
 TASKS=${RL_TASKS:-$TASKS}
-MINUTES=$(( (DEADLINE_MIN * 60 - SECONDS) / 60 - 4 )); [ "$MINUTES" -lt 3 ] && MINUTES=3
+minutes_left() { local m=$(( (DEADLINE_MIN * 60 - SECONDS) / 60 - 4 )); [ "$m" -lt 3 ] && m=3; echo "$m"; }
+RL_SETTINGS="rl.eval_every=${RL_EVAL_EVERY:-10} rl.eval_episodes_per_task=${RL_EPISODES:-$EPISODES}${RL_LR:+ rl.lr=$RL_LR}${RL_EXTRA:+ $RL_EXTRA}"
+if [ -n "${RL_ALSO:-}" ]; then
+  # The A/B's second RL run shares the GPU and, once the first run has made them, its KIR keyframes.
+  (for _ in $(seq 60); do [ -f "$OUT/rl/keyframes/index.json" ] && break; sleep 5; done
+   mkdir -p "$OUT/rl-also"
+   [ -f "$OUT/rl/keyframes/index.json" ] && ln -sfn ../rl/keyframes "$OUT/rl-also/keyframes"
+   ALSO_MINUTES=$(minutes_left)
+   mark "rl-also: base $POLICY on $TASKS for $ALSO_MINUTES min with $RL_ALSO"
+   OUT="$OUT/rl-also" OVERRIDES="$EXTRA" RL_OVERRIDES="$RL_SETTINGS $RL_ALSO" \
+     bash scripts/gpu/rl.sh "$POLICY" "$OUT/wm/wm" "$OUT/rewards/rw" "$DATA" "$TASKS" "$ALSO_MINUTES" >"$OUT/rl-also.log" 2>&1
+   mark "rl-also: exit $?") &
+fi
+MINUTES=$(minutes_left)
 mark "rl: base $POLICY on $TASKS for $MINUTES min"
-OUT="$OUT/rl" OVERRIDES="$EXTRA" RL_OVERRIDES="rl.eval_every=${RL_EVAL_EVERY:-10} rl.eval_episodes_per_task=${RL_EPISODES:-$EPISODES}${RL_LR:+ rl.lr=$RL_LR}${RL_EXTRA:+ $RL_EXTRA}" \
+OUT="$OUT/rl" OVERRIDES="$EXTRA" RL_OVERRIDES="$RL_SETTINGS" \
   bash scripts/gpu/rl.sh "$POLICY" "$OUT/wm/wm" "$OUT/rewards/rw" "$DATA" "$TASKS" "$MINUTES" >"$OUT/rl.log" 2>&1
 mark "rl: exit $?"
 wait
