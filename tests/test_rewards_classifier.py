@@ -60,6 +60,13 @@ def test_episode_threshold_judges_episodes_the_way_rl_does():
     assert max_kappa_threshold(scores, truth, np.zeros(4)) == pytest.approx(0.3)
     assert max_kappa_threshold(scores, truth, np.array([0, 0, 1, 1])) == pytest.approx(0.4)
     assert max_kappa_threshold(np.full(4, 0.5), np.ones(4, bool), np.zeros(4)) is None  # chance 1: undefined
+    # Within standard errors: 8 episodes, success [F F F T F T T T], scores 0.1 ... 0.8. ">= 0.4" and
+    # ">= 0.6" each misjudge one episode (agreement 7/8, chance 1/2: kappa 3/4, SE sqrt(7/64 / 8) * 2 ~ 0.234);
+    # ">= 0.7" two (kappa 1/2), ">= 0.8" three (kappa 1/4). The floor 3/4 - k * 0.234 admits 0.6 at k = 1,
+    # 0.7 at k = 2 (floor 0.28) and 0.8 at k = 3 (floor 0.05).
+    scores, truth = np.arange(1, 9) / 10, np.array([False, False, False, True, False, True, True, True])
+    chosen = [max_kappa_threshold(scores, truth, np.zeros(8), tolerance_se=k) for k in (0, 1, 2, 3)]
+    assert chosen == pytest.approx([0.6, 0.6, 0.7, 0.8])
 
 
 def test_episodes_ending_at_first_success_have_no_positive_frame(tmp_path):
@@ -135,7 +142,7 @@ def test_episode_kappa_threshold_on_a_trained_classifier(trained):
     assert metrics["held_out"]["episodes"]["count"] == 8 and metrics["held_out"]["episodes"]["verdict_every"] == 8
     model = SuccessClassifier.from_pretrained(out / "model")
     assert choose_threshold(model, "episode_kappa", held_out, "held_out", verdict_every=4) == (
-        "episode_kappa on held_out (8 episodes, a verdict every 4 frames)")
+        "episode_kappa on held_out (8 episodes, a verdict every 4 frames, the highest within 0 SE of the best)")
     verdicts = episode_summary(predict(model, held_out), held_out, model.threshold, verdict_every=4)
     assert verdicts["kappa"] == pytest.approx(1.0) and verdicts["false_success"] == verdicts["missed_success"] == 0
     assert model.threshold != 0.5

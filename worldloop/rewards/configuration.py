@@ -27,6 +27,12 @@ class ClassifierConfig:
     one verdict per sim.chunk_size frames); the threshold whose verdicts agree best with the simulator's
     beyond chance (Cohen's kappa within tasks). A frame-level threshold ignores that a false positive in any
     of an episode's ~20 verdicts makes it a success."""
+    threshold_tolerance_se: float = 1.0
+    """'episode_kappa': of the thresholds whose kappa lies within this many standard errors of the best, the
+    highest; 0: the best itself. On ~80 held-out episodes kappa's standard error is ~0.15, so its argmax is
+    noise: the twelfth H200 session's landed on 0.125 (kappa 0.22 +- 0.17), whose judge then passed 11 of the
+    base policy's 12 failed rollouts' replays and 0.90 of its real episodes (real 0.45), and RL learned to
+    fail in ways it passed. RL is paid for a false success and only loses signal on a missed one."""
     steps: int = 300
     """Optimizer steps of training."""
     batch_size: int = 64
@@ -57,6 +63,8 @@ class ClassifierConfig:
             raise ValueError(f"classifier: threshold_from must be 'fixed', 'max_f1', 'youden' or 'episode_kappa', got {self.threshold_from!r}")
         if not 0 < self.threshold < 1 or not 0 <= self.held_out_fraction < 1 or not 0 <= self.blur_prob <= 1:
             raise ValueError("classifier: 0 < threshold < 1, 0 <= held_out_fraction < 1 and 0 <= blur_prob <= 1 are required")
+        if self.threshold_tolerance_se < 0:
+            raise ValueError(f"classifier: threshold_tolerance_se must be >= 0, got {self.threshold_tolerance_se}")
         if self.lr <= 0 or self.weight_decay < 0 or self.jitter < 0 or self.noise_std < 0:
             raise ValueError("classifier: lr > 0 and weight_decay, jitter, noise_std >= 0 are required")
 

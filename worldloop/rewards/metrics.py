@@ -104,18 +104,22 @@ def episode_verdict_metrics(success: np.ndarray, judged: np.ndarray, strata: lis
     }
 
 
-def max_kappa_threshold(scores: np.ndarray, success: np.ndarray, strata: np.ndarray) -> float | None:
+def max_kappa_threshold(scores: np.ndarray, success: np.ndarray, strata: np.ndarray, tolerance_se: float = 0.0) -> float | None:
     """The threshold (among the observed per-episode ``scores``) whose verdicts ``score >= threshold``
     agree with the episodes' ``success`` most beyond chance: Cohen's kappa, with chance taken within
-    each stratum (task). Of equally good thresholds, the highest: the fewest false successes, which RL
-    would be paid for. None when kappa is undefined at every candidate."""
+    each stratum (task). Of thresholds whose kappa lies within ``tolerance_se`` standard errors of the
+    best one's, the highest (the one-standard-error rule with 1.0): the fewest false successes, which
+    RL would be paid for, among those the data cannot tell apart. None when kappa is undefined at every
+    candidate."""
     scores, success = np.asarray(scores, dtype=np.float64), np.asarray(success, dtype=bool)
-    best, best_kappa = None, -np.inf
-    for candidate in np.unique(scores):  # ascending: ">=" keeps the highest of equal kappas
-        kappa = agreement_beyond_chance(success, scores >= candidate, list(strata))["kappa"]
-        if kappa is not None and kappa >= best_kappa:
-            best, best_kappa = float(candidate), kappa
-    return best
+    candidates = np.unique(scores)  # ascending
+    verdicts = [agreement_beyond_chance(success, scores >= candidate, list(strata)) for candidate in candidates]
+    defined = [(float(c), v["kappa"], v["kappa_stderr"]) for c, v in zip(candidates, verdicts) if v["kappa"] is not None]
+    if not defined:
+        return None
+    _, best_kappa, best_stderr = max(defined, key=lambda d: (d[1], d[0]))
+    floor = best_kappa - tolerance_se * best_stderr
+    return max(candidate for candidate, kappa, _ in defined if kappa >= floor - 1e-12)
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float | None:
