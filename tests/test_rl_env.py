@@ -108,9 +108,12 @@ class ScriptedJudge:
     def __init__(self, verdicts: list[list[bool]]):
         self.verdicts, self.calls = torch.tensor(verdicts), 0
 
-    def success(self, windows: torch.Tensor, instructions: list[str]) -> torch.Tensor:
+    def score(self, windows: torch.Tensor, instructions: list[str]) -> torch.Tensor:
         self.calls += 1
-        return self.verdicts[self.calls - 1]
+        return self.verdicts[self.calls - 1].float()
+
+    def probability(self, scores: torch.Tensor) -> torch.Tensor:
+        return scores
 
 
 def test_success_must_hold_for_success_chunks_consecutive_chunks():

@@ -234,6 +234,8 @@ def test_rl_command_refuses_incomplete_input(tmp_path, capsys):
     args = ["rl", "--policy", "p", "--world-model", "wm", "--judge", "rw", "--dataset", "d", "--out", str(tmp_path / "run")]
     assert main(args + ["rl.kir_ratio=0.5"]) == 2
     assert "no --keyframes" in capsys.readouterr().err
+    assert main(args + ["rl.kir_ratio=0", "rl.judge_threshold=replay", "rl.eval_episodes_per_task=0"]) == 2
+    assert "rl.judge_threshold=replay replays real episodes" in capsys.readouterr().err
 
 
 def test_a_judge_that_always_says_success_is_diagnosed(tmp_path):
@@ -404,6 +406,35 @@ def test_the_gap_is_traced_to_the_judge_or_the_world_model():
     sources = drifting["gap_sources"]
     assert sources["judged_real"]["kappa"] > 0.6 and sources["replayed"]["success_once"] > 0.9 > 0.6 > drifting["real"]["success_once"], sources
     assert gap_source(drifting).startswith("it starts at the world model replaying the real actions"), gap_source(drifting)
+
+
+def test_a_lenient_judge_is_recalibrated_on_the_base_policys_replayed_episodes(tmp_path, capsys):
+    """rl.judge_threshold=replay: a judge that passes near misses (threshold 0.001 on the toy judge's
+    sigmoid margin) gets the highest threshold within one standard error of the best kappa on the
+    policy's own real episodes replayed in the world model; from then on it no longer says more than the
+    simulator on the evaluation's episodes (other initial states). A resumed run reads the saved threshold."""
+    from worldloop.commands.rl import calibrate_threshold
+
+    torch.manual_seed(0)
+    policy, episodes = ToyPolicy(), 64
+    judge = ToyJudge(threshold=1e-3)
+    env = ImaginedEnv(ToyWorldModel(), judge, make_pool(32, 3), episodes, 1, max_steps=16, kir_ratio=0.0)
+    check = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=env)
+    before = check(policy)
+    assert before["gap_sources"]["judged_real"]["success_once"] > before["real"]["success_once"] + 0.05, before
+    calibration = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=env, seeds=[5000 + e for e in range(episodes)])
+    path = tmp_path / "judge_calibration.json"
+    calibrate_threshold(calibration, policy, judge, 1.0, path)
+    saved = json.loads(path.read_text())
+    assert judge.threshold == saved["threshold"] > 0.1 and saved["previous"] == 1e-3
+    assert saved["replayed_after"]["kappa"] > saved["replayed_before"]["kappa"], saved
+    assert saved["replayed_after"]["success_once"] <= saved["real"]["success_once"] < saved["replayed_before"]["success_once"], saved
+    assert "judge threshold 0.001 -> " in capsys.readouterr().out
+    after = check(policy)
+    assert after["gap_sources"]["judged_real"]["success_once"] <= after["real"]["success_once"], after
+    judge.threshold = 1e-3  # a resumed run: the saved threshold, no new calibration
+    calibrate_threshold(None, policy, judge, 1.0, path)
+    assert judge.threshold == saved["threshold"] and "calibrated before training" in capsys.readouterr().out
 
 
 def test_a_reality_check_across_resolutions_is_refused_before_it_runs():

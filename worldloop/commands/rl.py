@@ -41,6 +41,9 @@ def run(args: argparse.Namespace, config: Config) -> int:
             raise ConfigError(f"--env imagined needs {', '.join(missing)}")
         if rl.kir_ratio > 0 and not args.keyframes:
             raise ConfigError(f"rl.kir_ratio={rl.kir_ratio} but no --keyframes: pass a folder from `worldloop kir`, or set rl.kir_ratio=0")
+    if rl.judge_threshold == "replay" and not (args.world_model and args.judge and rl.eval_episodes_per_task > 0):
+        raise ConfigError("rl.judge_threshold=replay replays real episodes in the world model: it needs --world-model, --judge and "
+                          f"rl.eval_episodes_per_task > 0 (got {rl.eval_episodes_per_task})")  # fmt: skip
     elif args.keyframes or args.dataset:
         raise ConfigError("--keyframes and --dataset have no use with --env real (the simulator starts from its own initial states); "
                           "--world-model and --judge, when given, measure the imagination-reality gap")
@@ -110,6 +113,11 @@ def run(args: argparse.Namespace, config: Config) -> int:
             seeds = [eval_seed(task, e, config.eval.seed_offset) for task in eval_tasks for e in range(rl.eval_episodes_per_task)]
             check = RealityCheck(real_env, eval_tasks, rl.eval_episodes_per_task, gap_env, seeds, config.eval.temperature, config.eval.greedy,
                                  video_dir=Path(args.out) / "videos", videos_per_task=rl.eval_videos_per_task)  # fmt: skip
+            if rl.judge_threshold == "replay":
+                # initial states apart from the evaluations', so that those stay out of sample
+                others = [eval_seed(task, rl.eval_episodes_per_task + e, config.eval.seed_offset) for task in eval_tasks for e in range(rl.eval_episodes_per_task)]
+                calibration = RealityCheck(real_env, eval_tasks, rl.eval_episodes_per_task, gap_env, others, config.eval.temperature, config.eval.greedy)
+                calibrate_threshold(calibration, policy, judge, rl.judge_threshold_tolerance_se, Path(args.out) / "judge_calibration.json")
 
         results = train(policy, env, rl, args.out, seed=config.seed, tasks=tasks, reality_check=check, progress_bar=not args.no_progress)
     finally:
@@ -128,10 +136,34 @@ def load_rl_judge(spec: str, device, config: Config):
     from worldloop.rewards.protocol import load_judge
 
     judge = load_judge(spec, device, config.reward)
-    if config.rl.judge_threshold is not None:
+    if isinstance(config.rl.judge_threshold, float):
         print(f"judge {spec}: threshold {config.rl.judge_threshold} (rl.judge_threshold) in place of its own {judge.threshold:.3f}")
         judge.threshold = config.rl.judge_threshold
     return judge
+
+
+def calibrate_threshold(calibration, policy, judge, tolerance_se: float, path) -> None:
+    """rl.judge_threshold=replay: the judge's threshold from ``policy``'s real episodes replayed in the
+    world model (RealityCheck.calibrate_judge), saved to ``path``; a resumed run reads it back instead."""
+    import json
+
+    from worldloop.utils.io import atomic_write_json
+    from worldloop.utils.stats import format_kappa
+
+    if path.is_file():
+        judge.threshold = float(json.loads(path.read_text())["threshold"])
+        print(f"judge threshold {judge.threshold:.3f}, calibrated before training ({path})")
+        return
+    result = calibration.calibrate_judge(policy, tolerance_se)
+    atomic_write_json(path, result)
+
+    def kappa(verdicts: dict) -> str:
+        return "undefined" if verdicts["kappa"] is None else format_kappa(verdicts["kappa"], verdicts["kappa_stderr"])
+
+    before, after = result["replayed_before"], result["replayed_after"]
+    print(f"judge threshold {result['previous']:.3f} -> {result['threshold']:.3f}, chosen on the base policy's real episodes replayed "
+          f"in the world model (n={result['real']['episodes']}, real success {result['real']['success_once']:.3f}): judged "
+          f"{before['success_once']:.3f} -> {after['success_once']:.3f}, kappa {kappa(before)} -> {kappa(after)} ({path})")  # fmt: skip
 
 
 def imagined_env(config: Config, world_model, judge, dataset, keyframes: str | None, num_envs: int, group_size: int, max_steps: int, device, kir_ratio: float | None = None):

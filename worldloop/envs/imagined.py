@@ -40,11 +40,13 @@ class WorldModelLike(Protocol):
     def step(self, action_chunks: torch.Tensor) -> torch.Tensor: ...
 
 
-class JudgeLike(Protocol):
+class JudgeLike(Protocol):  # worldloop.rewards.protocol.Judge, as far as the environment uses it
     window: int
     threshold: float
 
-    def success(self, windows: torch.Tensor, instructions: list[str]) -> torch.Tensor: ...
+    def score(self, windows: torch.Tensor, instructions: list[str]) -> torch.Tensor: ...
+
+    def probability(self, scores: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass
@@ -151,7 +153,7 @@ class ImaginedEnv:
         self.chunk_size, self.action_dim, self.image_size = int(world_model.chunk_size), int(world_model.action_dim), image_size
         self.reward_scale, self.kir_ratio, self.device = reward_scale, kir_ratio, torch.device(device)
         self.success_chunks = success_chunks
-        self._verdicts = ChunkVerdicts(judge, success_chunks)
+        self.verdicts = ChunkVerdicts(judge, success_chunks)
         self.task_names = sorted(set(initial_states.instructions))
         """The tasks are the instructions of the initial-state pool."""
         self.instructions: list[str] = []
@@ -203,7 +205,7 @@ class ImaginedEnv:
         recent = torch.cat([memory, current[:, None]], dim=1)  # (N, 5, H, W, 3)
         actions = memory_actions.to(self.device) if memory_actions is not None else None
         self.world_model.reset(anchors, recent[:, -MEMORY_FRAMES:], seeds=noise_seeds, memory_actions=actions)
-        self._verdicts.start(recent)
+        self.verdicts.start(recent)
         self._elapsed.zero_()
         self._done.zero_()
         self._success_before.zero_()
@@ -233,9 +235,9 @@ class ImaginedEnv:
         check_actions(actions, self.num_envs, self.chunk_size, self.action_dim)
         active = ~self._done  # (N,)
         frames = self.world_model.step(actions.to(self.device))  # (N, K, H, W, 3) uint8
-        last = self._verdicts.history[:, -1:]  # finished episodes repeat their last frame
+        last = self.verdicts.history[:, -1:]  # finished episodes repeat their last frame
         frames = torch.where(active[:, None, None, None, None], frames, last.expand_as(frames))
-        success_now = self._verdicts.update(frames, self.instructions, active)  # (N,)
+        success_now = self.verdicts.update(frames, self.instructions, active)  # (N,)
         reward = self.reward_scale * (success_now.float() - self._success_before) * active
         self._success_before = torch.maximum(self._success_before, success_now.float())
 

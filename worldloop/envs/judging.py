@@ -26,6 +26,8 @@ class ChunkVerdicts:
         """(N, window, H, W, 3) uint8: the frames the next verdict reads, the newest last."""
         self.streak = torch.zeros(0, dtype=torch.long)
         """(N,) consecutive chunk ends judged a success."""
+        self.probability = torch.zeros(0)
+        """(N,) the latest verdict's P(success), 0 where the env was not active (calibrating a threshold reads it)."""
 
     def start(self, recent: torch.Tensor) -> None:
         """New episodes from ``recent`` (N, R, H, W, 3), the frames up to the current one; the oldest
@@ -34,11 +36,15 @@ class ChunkVerdicts:
         padded = torch.cat([recent[:, :1].expand(-1, max(window - recent.shape[1], 0), -1, -1, -1), recent], dim=1)
         self.history = padded[:, -window:].contiguous()
         self.streak = torch.zeros(len(recent), dtype=torch.long, device=recent.device)
+        self.probability = torch.zeros(len(recent), device=recent.device)
 
     def update(self, frames: torch.Tensor, instructions: Sequence[str], active: torch.Tensor) -> torch.Tensor:
         """One chunk's frames (N, K, H, W, 3) of the envs still ``active`` (N,) -> (N,) bool: success at its end."""
         self.history = torch.cat([self.history, frames], dim=1)[:, -self.judge.window :]
-        judged = self.judge.success(self.history, list(instructions)).to(frames.device).bool() & active.to(frames.device)
+        probability = self.judge.probability(self.judge.score(self.history, list(instructions))).to(frames.device).float()
+        active = active.to(frames.device)
+        self.probability = torch.where(active, probability, 0.0)
+        judged = (probability >= self.judge.threshold) & active  # the judge's success(), from the probability kept above
         self.streak = torch.where(judged, self.streak + 1, 0)
         return self.streak >= self.success_chunks
 

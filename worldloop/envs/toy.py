@@ -174,5 +174,8 @@ class ToyJudge:
         distance = (locate(windows, DOT) - locate(windows, TARGET)).norm(dim=-1).min(dim=1).values  # (B,)
         return torch.sigmoid((self.radius - distance) * 100.0)
 
+    def probability(self, scores: torch.Tensor) -> torch.Tensor:
+        return scores
+
     def success(self, windows: torch.Tensor, instructions: list[str]) -> torch.Tensor:
-        return self.score(windows, instructions) >= self.threshold
+        return self.probability(self.score(windows, instructions)) >= self.threshold

@@ -25,10 +25,19 @@ class RLConfig:
     success_chunks: int = 1
     """An imagined episode succeeds once the judge has said success at the end of this many consecutive
     chunks; 1: its first verdict (WoVR). 2 costs a chunk of delay and ignores a one-chunk false positive."""
-    judge_threshold: float | None = None
+    judge_threshold: float | Literal["replay"] | None = None
     """The judge's success threshold for RL and its imagined evaluations, in place of the judge's own (the
     classifier's saved one, TOPReward's reward.topreward.threshold); null keeps it. `calibrate-reward
-    --world-model` suggests one from imagined frames."""
+    --world-model` suggests one from imagined frames. 'replay': chosen before training on the base
+    policy's own real episodes (rl.eval_episodes_per_task per evaluation task, initial states apart from the
+    evaluations'), replayed in the world model with their own actions: the highest threshold whose
+    per-episode verdicts agree with the simulator's within rl.judge_threshold_tolerance_se standard errors
+    of the best kappa (OUT/judge_calibration.json; a resumed run keeps it). The twelfth H200 session's judge,
+    whose threshold was chosen on mostly expert episodes, passed 0.90 of the base policy's real episodes
+    (0.45 real), and RL learned to fail in ways it passed (docs/results.md)."""
+    judge_threshold_tolerance_se: float = 1.0
+    """rl.judge_threshold 'replay': of the thresholds within this many standard errors of the best kappa, the
+    highest (RL is paid for a false success; a missed one only costs signal); 0: the best itself."""
     kir_ratio: float = 0.5
     """Fraction of imagined initial states drawn from KIR keyframes (the rest are episodes' first frames); 0 without keyframes."""
     train_temperature: float = 1.6
@@ -109,8 +118,12 @@ class RLConfig:
             raise ValueError(f"GRPO needs group_size >= 2 to compare rollouts, got {self.group_size}")
         if self.success_chunks < 1:
             raise ValueError(f"success_chunks must be >= 1, got {self.success_chunks}")
-        if self.judge_threshold is not None and not 0.0 < self.judge_threshold < 1.0:
-            raise ValueError(f"judge_threshold is a probability in (0, 1) or null, got {self.judge_threshold}")
+        if isinstance(self.judge_threshold, float) and not 0.0 < self.judge_threshold < 1.0:
+            raise ValueError(f"judge_threshold is a probability in (0, 1), 'replay' or null, got {self.judge_threshold}")
+        if self.judge_threshold == "replay" and self.success_chunks != 1:
+            raise ValueError(f"judge_threshold 'replay' calibrates single verdicts; it needs success_chunks 1, got {self.success_chunks}")
+        if self.judge_threshold_tolerance_se < 0:
+            raise ValueError(f"judge_threshold_tolerance_se must be >= 0, got {self.judge_threshold_tolerance_se}")
         if not 0.0 <= self.kir_ratio <= 1.0:
             raise ValueError(f"kir_ratio must lie in [0, 1], got {self.kir_ratio}")
         if self.train_temperature <= 0:

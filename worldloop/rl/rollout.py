@@ -194,7 +194,7 @@ class RealityCheck:
             # per episode, beyond what each task's success rate alone explains (kappa 0: RL's reward is noise)
             result |= self._versus_real(real.success_once, imagined.success_once)
             result["tracking"] = trajectory_tracking(real, imagined, self.task_of_episode)
-            sources = {"replayed": replay(self.imagined_env, first, real)}
+            sources = {"replayed": replay(self.imagined_env, first, real)[0]}
             if judge is not None:
                 sources = {"judged_real": real_env.success_once} | sources
             result["gap_sources"] = {name: summarize(verdicts, self.task_of_episode) | self._versus_real(real.success_once, verdicts)
@@ -202,6 +202,36 @@ class RealityCheck:
             if self.video_dir is not None and self.videos_per_task > 0:
                 self._write_videos(real, imagined, tag)
         return result
+
+    def calibrate_judge(self, policy: Any, tolerance_se: float = 1.0) -> dict[str, Any]:
+        """Set the imagined environment's judge threshold on ``policy``'s own real episodes (this
+        check's initial states), replayed open loop in the world model with their own action chunks:
+        per episode, the judge's highest P(success) over the chunks the real episode ran, and the
+        threshold whose verdicts agree with the simulator's beyond chance (kappa within tasks), the
+        highest within ``tolerance_se`` standard errors of the best. These are the frames RL's judge
+        reads, from the successes and failures of the policy RL starts from; the held-out episodes
+        train-reward chose its threshold on are mostly the expert's. One verdict decides, as with
+        rl.success_chunks 1. Returns the threshold, the one it replaced and the kappa of each."""
+        from worldloop.rewards.metrics import max_kappa_threshold
+
+        judge = self.imagined_env.judge
+        first = self.real_env.reset(self.task_of_episode, self.seeds)
+        real = collect(policy, self.real_env, first, self.temperature, self.greedy)
+        previous = judge.threshold
+        judge.threshold = math.inf  # no replayed episode ends on a verdict: every chunk it ran gets scored
+        try:
+            _, best = replay(self.imagined_env, first, real)
+        finally:
+            judge.threshold = previous
+        best, succeeded = best.cpu().numpy(), real.success_once.cpu().numpy()
+        chosen = max_kappa_threshold(best, succeeded, self.task_of_episode, tolerance_se)
+        judge.threshold = previous if chosen is None else chosen
+        at = {name: self._versus_real(real.success_once, torch.as_tensor(best >= threshold)) | {"threshold": threshold}
+              for name, threshold in (("before", previous), ("after", judge.threshold))}  # fmt: skip
+        return {"threshold": judge.threshold, "previous": previous, "tolerance_se": tolerance_se,
+                "real": summarize(real.success_once, self.task_of_episode),
+                "replayed_before": summarize(torch.as_tensor(best >= previous), self.task_of_episode) | at["before"],
+                "replayed_after": summarize(torch.as_tensor(best >= judge.threshold), self.task_of_episode) | at["after"]}  # fmt: skip
 
     def _versus_real(self, real: torch.Tensor, verdicts: torch.Tensor) -> dict[str, Any]:
         """Per-episode agreement of ``verdicts`` with the simulator's, against chance within tasks."""
@@ -227,17 +257,20 @@ class RealityCheck:
 
 
 @torch.no_grad()
-def replay(env: Any, first: EnvReset, real: Rollout) -> torch.Tensor:
-    """(N,) bool: success in the imagined ``env`` driven from the real run's initial observations by the
-    real run's own action chunks, counted over the chunks each real episode executed. Open loop, no
-    policy: what differs from reality here is the world model and the judge alone."""
+def replay(env: Any, first: EnvReset, real: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N,) bool success and (N,) the highest P(success) of the judge's verdicts in the imagined ``env``
+    driven from the real run's initial observations by the real run's own action chunks, both over the
+    chunks each real episode executed. Open loop, no policy: what differs from reality here is the world
+    model and the judge alone."""
     env.reset_to(first.frames, list(first.instructions))
     executed = torch.cat([torch.ones_like(real.done[:, :1]), ~real.done[:, :-1]], dim=1)  # (N, T): chunk t ran in reality
     success = torch.zeros_like(executed[:, 0])
+    best = torch.zeros(len(success), device=success.device)
     for t in range(real.actions.shape[1]):
         step = env.step(real.actions[:, t].to(env.device))
         success |= step.success.any(dim=1).to(success.device) & executed[:, t]
-    return success
+        best = torch.where(executed[:, t], torch.maximum(best, env.verdicts.probability.to(best.device)), best)
+    return success, best
 
 
 def trajectory_tracking(real: Rollout, imagined: Rollout, tasks: Sequence[str]) -> list[dict[str, Any]]:
