@@ -236,6 +236,8 @@ def test_rl_command_refuses_incomplete_input(tmp_path, capsys):
     assert "no --keyframes" in capsys.readouterr().err
     assert main(args + ["rl.kir_ratio=0", "rl.judge_threshold=replay", "rl.eval_episodes_per_task=0"]) == 2
     assert "rl.judge_threshold=replay replays real episodes" in capsys.readouterr().err
+    assert main(args + ["--keyframes", "k", "rl.judge_threshold=replay"]) == 2  # complete arguments: on to loading them
+    assert "model folder p does not exist" in capsys.readouterr().err
 
 
 def test_a_judge_that_always_says_success_is_diagnosed(tmp_path):

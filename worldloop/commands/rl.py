@@ -41,12 +41,12 @@ def run(args: argparse.Namespace, config: Config) -> int:
             raise ConfigError(f"--env imagined needs {', '.join(missing)}")
         if rl.kir_ratio > 0 and not args.keyframes:
             raise ConfigError(f"rl.kir_ratio={rl.kir_ratio} but no --keyframes: pass a folder from `worldloop kir`, or set rl.kir_ratio=0")
-    if rl.judge_threshold == "replay" and not (args.world_model and args.judge and rl.eval_episodes_per_task > 0):
-        raise ConfigError("rl.judge_threshold=replay replays real episodes in the world model: it needs --world-model, --judge and "
-                          f"rl.eval_episodes_per_task > 0 (got {rl.eval_episodes_per_task})")  # fmt: skip
     elif args.keyframes or args.dataset:
         raise ConfigError("--keyframes and --dataset have no use with --env real (the simulator starts from its own initial states); "
                           "--world-model and --judge, when given, measure the imagination-reality gap")
+    if rl.judge_threshold == "replay" and not (args.world_model and args.judge and rl.eval_episodes_per_task > 0):
+        raise ConfigError("rl.judge_threshold=replay replays real episodes in the world model: it needs --world-model, --judge and "
+                          f"rl.eval_episodes_per_task > 0 (got {rl.eval_episodes_per_task})")  # fmt: skip
 
     from pathlib import Path
 
