@@ -437,6 +437,10 @@ def test_a_lenient_judge_is_recalibrated_on_the_base_policys_replayed_episodes(t
     judge.threshold = 1e-3  # a resumed run: the saved threshold, no new calibration
     calibrate_threshold(None, policy, judge, 1.0, path)
     assert judge.threshold == saved["threshold"] and "calibrated before training" in capsys.readouterr().out
+    # Episodes that all fail have no kappa to choose by: the threshold stays (the micro loop's case)
+    never = RealityCheck(ToyEnv(episodes, radius=1e-4), [TASK], episodes, imagined_env=env)  # a target nobody reaches
+    kept = never.calibrate_judge(policy, 1.0)
+    assert kept["real"]["success_once"] == 0.0 and not kept["calibrated"] and judge.threshold == kept["threshold"] == saved["threshold"]
 
 
 def test_a_reality_check_across_resolutions_is_refused_before_it_runs():

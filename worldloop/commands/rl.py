@@ -161,6 +161,10 @@ def calibrate_threshold(calibration, policy, judge, tolerance_se: float, path) -
         return "undefined" if verdicts["kappa"] is None else format_kappa(verdicts["kappa"], verdicts["kappa_stderr"])
 
     before, after = result["replayed_before"], result["replayed_after"]
+    if not result["calibrated"]:
+        print(f"judge threshold {result['previous']:.3f} kept: the base policy's {result['real']['episodes']} real episodes "
+              f"(success {result['real']['success_once']:.3f}) need successes and failures to calibrate it on ({path})")  # fmt: skip
+        return
     print(f"judge threshold {result['previous']:.3f} -> {result['threshold']:.3f}, chosen on the base policy's real episodes replayed "
           f"in the world model (n={result['real']['episodes']}, real success {result['real']['success_once']:.3f}): judged "
           f"{before['success_once']:.3f} -> {after['success_once']:.3f}, kappa {kappa(before)} -> {kappa(after)} ({path})")  # fmt: skip

@@ -211,7 +211,8 @@ class RealityCheck:
         highest within ``tolerance_se`` standard errors of the best. These are the frames RL's judge
         reads, from the successes and failures of the policy RL starts from; the held-out episodes
         train-reward chose its threshold on are mostly the expert's. One verdict decides, as with
-        rl.success_chunks 1. Returns the threshold, the one it replaced and the kappa of each."""
+        rl.success_chunks 1. The threshold stays where the episodes all succeed or all fail (no kappa).
+        Returns the threshold, the one it replaced and the kappa of each."""
         from worldloop.rewards.metrics import max_kappa_threshold
 
         judge = self.imagined_env.judge
@@ -224,11 +225,13 @@ class RealityCheck:
         finally:
             judge.threshold = previous
         best, succeeded = best.cpu().numpy(), real.success_once.cpu().numpy()
-        chosen = max_kappa_threshold(best, succeeded, self.task_of_episode, tolerance_se)
+        # kappa needs both outcomes: where every episode failed, "all fail" agrees perfectly but has no kappa
+        both = succeeded.any() and not succeeded.all()
+        chosen = max_kappa_threshold(best, succeeded, self.task_of_episode, tolerance_se) if both else None
         judge.threshold = previous if chosen is None else chosen
         at = {name: self._versus_real(real.success_once, torch.as_tensor(best >= threshold)) | {"threshold": threshold}
               for name, threshold in (("before", previous), ("after", judge.threshold))}  # fmt: skip
-        return {"threshold": judge.threshold, "previous": previous, "tolerance_se": tolerance_se,
+        return {"threshold": judge.threshold, "previous": previous, "calibrated": chosen is not None, "tolerance_se": tolerance_se,
                 "real": summarize(real.success_once, self.task_of_episode),
                 "replayed_before": summarize(torch.as_tensor(best >= previous), self.task_of_episode) | at["before"],
                 "replayed_after": summarize(torch.as_tensor(best >= judge.threshold), self.task_of_episode) | at["after"]}  # fmt: skip
