@@ -116,6 +116,26 @@ class ScriptedJudge:
         return scores
 
 
+def test_streak_score_is_the_highest_threshold_at_which_the_verdicts_pass():
+    """Per episode, the threshold at which ChunkVerdicts (success_chunks in a row) first fails to call it
+    a success: calibrating a threshold on replays needs only these scores."""
+    from worldloop.envs.judging import ChunkVerdicts, streak_score
+
+    probability = torch.tensor([[0.2, 0.9, 0.7, 0.1], [0.8, 0.3, 0.95, 0.4]])
+    assert streak_score(probability, 1).tolist() == pytest.approx([0.9, 0.95])
+    assert streak_score(probability, 2).tolist() == pytest.approx([0.7, 0.4])  # windows' lows: .2 .7 .1 / .3 .3 .4
+    assert streak_score(probability, 5).tolist() == [0.0, 0.0]
+    for needed in (1, 2, 3):
+        for threshold in (0.15, 0.35, 0.5, 0.75, 0.92):
+            judge = ScriptedJudge(probability.T.tolist())
+            judge.threshold = threshold
+            verdicts = ChunkVerdicts(judge, needed)
+            verdicts.start(torch.zeros(2, 1, 2, 2, 3, dtype=torch.uint8))
+            frames, active = torch.zeros(2, K, 2, 2, 3, dtype=torch.uint8), torch.ones(2, dtype=torch.bool)
+            success = torch.stack([verdicts.update(frames, ["a", "b"], active) for _ in range(4)]).any(dim=0)
+            assert success.tolist() == (streak_score(probability, needed) >= threshold).tolist(), (needed, threshold)
+
+
 def test_success_must_hold_for_success_chunks_consecutive_chunks():
     # env 0: judged a success at chunks 1 and 2; env 1: at chunks 0 and 2 (isolated verdicts)
     verdicts = [[False, True], [True, False], [True, True], [False, False]]

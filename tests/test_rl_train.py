@@ -395,6 +395,9 @@ def test_the_gap_is_traced_to_the_judge_or_the_world_model():
 
     faithful = check(ToyWorldModel(), ToyJudge())
     assert 0.1 < faithful["real"]["success_once"] < 0.6, faithful["real"]
+    per_episode = faithful["per_episode"]  # every verdict kept, one character per episode
+    assert set(per_episode) == {"real", "imagined", "judged_real", "replayed"} and all(len(v) == episodes for v in per_episode.values())
+    assert per_episode["real"].count("1") / episodes == faithful["real"]["success_once"]
     for source in faithful["gap_sources"].values():
         assert source["kappa"] > 0.8 and source["episodes"] == episodes, faithful["gap_sources"]
     assert "the judge on the real frames" in results_table([faithful]) and "closed loop" in results_table([faithful])

@@ -49,6 +49,15 @@ class ChunkVerdicts:
         return self.streak >= self.success_chunks
 
 
+def streak_score(probability: torch.Tensor, success_chunks: int) -> torch.Tensor:
+    """(N, T) P(success) of each chunk's verdict -> (N,) the highest threshold at which some
+    ``success_chunks`` consecutive verdicts all pass, i.e. at which ChunkVerdicts would call the episode
+    a success: the best over windows of the window's lowest P (0 where T < success_chunks)."""
+    if probability.shape[1] < success_chunks:
+        return probability.new_zeros(probability.shape[0])
+    return probability.unfold(1, success_chunks, 1).min(dim=2).values.max(dim=1).values
+
+
 class JudgedEnv:
     """Any :class:`VecEnv`, passed through unchanged, with the judge's verdicts on its own frames beside
     its success: ``success_once`` (N,) says whether the judge called each episode a success before it

@@ -120,8 +120,6 @@ class RLConfig:
             raise ValueError(f"success_chunks must be >= 1, got {self.success_chunks}")
         if isinstance(self.judge_threshold, float) and not 0.0 < self.judge_threshold < 1.0:
             raise ValueError(f"judge_threshold is a probability in (0, 1), 'replay' or null, got {self.judge_threshold}")
-        if self.judge_threshold == "replay" and self.success_chunks != 1:
-            raise ValueError(f"judge_threshold 'replay' calibrates single verdicts; it needs success_chunks 1, got {self.success_chunks}")
         if self.judge_threshold_tolerance_se < 0:
             raise ValueError(f"judge_threshold_tolerance_se must be >= 0, got {self.judge_threshold_tolerance_se}")
         if not 0.0 <= self.kir_ratio <= 1.0:

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import torch
 
-from worldloop.envs.judging import JudgedEnv
+from worldloop.envs.judging import JudgedEnv, streak_score
 from worldloop.envs.protocol import EnvReset, VecEnv
 from worldloop.utils.device import autocast_dtype
 from worldloop.utils.stats import agreement_beyond_chance, rate_with_stderr
@@ -143,6 +143,7 @@ class RealityCheck:
     the imagined environment's judge on the real episodes' own frames (the judge alone); ``replayed``,
     the imagined environment driven open loop by the real episodes' action chunks (the world model and
     the judge); the closed-loop ``imagined`` run adds the policy reacting to imagined frames.
+    ``per_episode`` keeps every verdict (real, imagined and each source) as a string of 0/1, one per episode.
 
     ``real_env`` has one environment per evaluation episode (tasks x episodes_per_task, task-major);
     ``seeds`` (default: 10**6 + 1000 * task position + episode) are the same at every evaluation,
@@ -199,6 +200,9 @@ class RealityCheck:
                 sources = {"judged_real": real_env.success_once} | sources
             result["gap_sources"] = {name: summarize(verdicts, self.task_of_episode) | self._versus_real(real.success_once, verdicts)
                                      for name, verdicts in sources.items()}  # fmt: skip
+            # every verdict, one character per episode (in the check's episode order), for paired comparisons later
+            verdicts = {"real": real.success_once, "imagined": imagined.success_once} | sources
+            result["per_episode"] = {name: "".join("1" if v else "0" for v in outcome.tolist()) for name, outcome in verdicts.items()}
             if self.video_dir is not None and self.videos_per_task > 0:
                 self._write_videos(real, imagined, tag)
         return result
@@ -206,12 +210,13 @@ class RealityCheck:
     def calibrate_judge(self, policy: Any, tolerance_se: float = 1.0) -> dict[str, Any]:
         """Set the imagined environment's judge threshold on ``policy``'s own real episodes (this
         check's initial states), replayed open loop in the world model with their own action chunks:
-        per episode, the judge's highest P(success) over the chunks the real episode ran, and the
-        threshold whose verdicts agree with the simulator's beyond chance (kappa within tasks), the
-        highest within ``tolerance_se`` standard errors of the best. These are the frames RL's judge
+        per episode, the highest threshold at which the judge would have called it a success over the
+        chunks the real episode ran (``success_chunks`` consecutive verdicts, as in the imagined env),
+        and the threshold whose verdicts agree with the simulator's beyond chance (kappa within tasks),
+        the highest within ``tolerance_se`` standard errors of the best. These are the frames RL's judge
         reads, from the successes and failures of the policy RL starts from; the held-out episodes
-        train-reward chose its threshold on are mostly the expert's. One verdict decides, as with
-        rl.success_chunks 1. The threshold stays where the episodes all succeed or all fail (no kappa).
+        train-reward chose its threshold on are mostly the expert's. The threshold stays where the
+        episodes all succeed or all fail (no kappa).
         Returns the threshold, the one it replaced and the kappa of each."""
         from worldloop.rewards.metrics import max_kappa_threshold
 
@@ -221,9 +226,10 @@ class RealityCheck:
         previous = judge.threshold
         judge.threshold = math.inf  # no replayed episode ends on a verdict: every chunk it ran gets scored
         try:
-            _, best = replay(self.imagined_env, first, real)
+            _, probability = replay(self.imagined_env, first, real)
         finally:
             judge.threshold = previous
+        best = streak_score(probability, getattr(self.imagined_env, "success_chunks", 1))
         best, succeeded = best.cpu().numpy(), real.success_once.cpu().numpy()
         # kappa needs both outcomes: where every episode failed, "all fail" agrees perfectly but has no kappa
         both = succeeded.any() and not succeeded.all()
@@ -261,19 +267,19 @@ class RealityCheck:
 
 @torch.no_grad()
 def replay(env: Any, first: EnvReset, real: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N,) bool success and (N,) the highest P(success) of the judge's verdicts in the imagined ``env``
-    driven from the real run's initial observations by the real run's own action chunks, both over the
-    chunks each real episode executed. Open loop, no policy: what differs from reality here is the world
-    model and the judge alone."""
+    """(N,) bool success and (N, T) the P(success) of each chunk's verdict (0 for chunks the real episode
+    did not run) in the imagined ``env``, driven from the real run's initial observations by the real
+    run's own action chunks, counted over the chunks each real episode executed. Open loop, no policy:
+    what differs from reality here is the world model and the judge alone."""
     env.reset_to(first.frames, list(first.instructions))
     executed = torch.cat([torch.ones_like(real.done[:, :1]), ~real.done[:, :-1]], dim=1)  # (N, T): chunk t ran in reality
     success = torch.zeros_like(executed[:, 0])
-    best = torch.zeros(len(success), device=success.device)
+    probability = torch.zeros(executed.shape, device=success.device)
     for t in range(real.actions.shape[1]):
         step = env.step(real.actions[:, t].to(env.device))
         success |= step.success.any(dim=1).to(success.device) & executed[:, t]
-        best = torch.where(executed[:, t], torch.maximum(best, env.verdicts.probability.to(best.device)), best)
-    return success, best
+        probability[:, t] = env.verdicts.probability.to(success.device) * executed[:, t]
+    return success, probability
 
 
 def trajectory_tracking(real: Rollout, imagined: Rollout, tasks: Sequence[str]) -> list[dict[str, Any]]:
