@@ -229,18 +229,20 @@ class RealityCheck:
             _, probability = replay(self.imagined_env, first, real)
         finally:
             judge.threshold = previous
-        best = streak_score(probability, getattr(self.imagined_env, "success_chunks", 1))
-        best, succeeded = best.cpu().numpy(), real.success_once.cpu().numpy()
+        best = streak_score(probability, getattr(self.imagined_env, "success_chunks", 1)).cpu().numpy()
+        succeeded = real.success_once.cpu().numpy()
         # kappa needs both outcomes: where every episode failed, "all fail" agrees perfectly but has no kappa
         both = succeeded.any() and not succeeded.all()
         chosen = max_kappa_threshold(best, succeeded, self.task_of_episode, tolerance_se) if both else None
         judge.threshold = previous if chosen is None else chosen
-        at = {name: self._versus_real(real.success_once, torch.as_tensor(best >= threshold)) | {"threshold": threshold}
-              for name, threshold in (("before", previous), ("after", judge.threshold))}  # fmt: skip
+
+        def judged_at(threshold: float) -> dict[str, Any]:
+            verdicts = torch.as_tensor(best >= threshold)
+            return summarize(verdicts, self.task_of_episode) | self._versus_real(real.success_once, verdicts) | {"threshold": threshold}
+
         return {"threshold": judge.threshold, "previous": previous, "calibrated": chosen is not None, "tolerance_se": tolerance_se,
                 "real": summarize(real.success_once, self.task_of_episode),
-                "replayed_before": summarize(torch.as_tensor(best >= previous), self.task_of_episode) | at["before"],
-                "replayed_after": summarize(torch.as_tensor(best >= judge.threshold), self.task_of_episode) | at["after"]}  # fmt: skip
+                "replayed_before": judged_at(previous), "replayed_after": judged_at(judge.threshold)}  # fmt: skip
 
     def _versus_real(self, real: torch.Tensor, verdicts: torch.Tensor) -> dict[str, Any]:
         """Per-episode agreement of ``verdicts`` with the simulator's, against chance within tasks."""
