@@ -117,7 +117,7 @@ class ScriptedJudge:
 
 
 def test_streak_score_is_the_highest_threshold_at_which_the_verdicts_pass():
-    """Per episode, the threshold at which ChunkVerdicts (success_chunks in a row) first fails to call it
+    """Per episode, the highest threshold at which ChunkVerdicts (success_chunks in a row) still calls it
     a success: calibrating a threshold on replays needs only these scores."""
     from worldloop.envs.judging import ChunkVerdicts, streak_score
 
