@@ -56,11 +56,10 @@ if not path.is_file():
     print(f"no {path}: rl did not finish (see {out}/rl.log)"); sys.exit(0)
 results = json.loads(path.read_text())
 print((out / "rl" / "results.md").read_text())
-calibration = out / "rl" / "judge_calibration.json"  # rl.judge_threshold=replay
-if calibration.is_file():
-    c = json.loads(calibration.read_text())
-    print(f"judge threshold {c['previous']:.3f} -> {c['threshold']:.3f}, on the base policy's real episodes replayed (n={c['real']['episodes']}, "
-          f"real {c['real']['success_once']:.3f}): judged {c['replayed_before']['success_once']:.3f} -> {c['replayed_after']['success_once']:.3f}")
+log = out / "rl.log"
+for line in log.read_text().splitlines() if log.is_file() else []:  # rl.judge_threshold=replay: rl's own line on the calibration
+    if line.startswith("judge threshold"):
+        print(line)
 evals = results["evaluations"]
 def change(a, b):
     """'a -> b (+d, +x SE)' between two success_once results."""

@@ -109,9 +109,12 @@ def max_kappa_threshold(scores: np.ndarray, success: np.ndarray, strata: np.ndar
     agree with the episodes' ``success`` most beyond chance: Cohen's kappa, with chance taken within
     each stratum (task). Of thresholds whose kappa lies within ``tolerance_se`` standard errors of the
     best one's, the highest (the one-standard-error rule with 1.0): the fewest false successes, which
-    RL would be paid for, among those the data cannot tell apart. None when kappa is undefined at every
-    candidate."""
+    RL would be paid for, among those the data cannot tell apart. None when the episodes all succeed or
+    all fail (judging them all alike agrees perfectly but has no kappa, and any other threshold only
+    looks as good by chance) or kappa is undefined at every candidate."""
     scores, success = np.asarray(scores, dtype=np.float64), np.asarray(success, dtype=bool)
+    if success.all() or not success.any():
+        return None
     candidates = np.unique(scores)  # ascending
     verdicts = [agreement_beyond_chance(success, scores >= candidate, list(strata)) for candidate in candidates]
     defined = [(float(c), v["kappa"], v["kappa_stderr"]) for c, v in zip(candidates, verdicts) if v["kappa"] is not None]

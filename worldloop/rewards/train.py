@@ -173,7 +173,7 @@ def choose_threshold(model: SuccessClassifier, rule: str, data: LabelledFrames |
     labels = data.success.cpu().numpy() if data is not None and len(data) else np.zeros(0, bool)
     if rule == "episode_kappa" and len(labels):
         scores, success, task = episode_scores(predict(model, data), data, verdict_every)
-        threshold = max_kappa_threshold(scores, success, task, tolerance_se) if success.any() and not success.all() else None
+        threshold = max_kappa_threshold(scores, success, task, tolerance_se)
         if threshold is None:
             print(f"train-reward: threshold_from={rule} needs episodes that succeed and episodes that fail in '{name}', "
                   f"with kappa defined; keeping threshold {model.threshold}")  # fmt: skip

@@ -230,10 +230,7 @@ class RealityCheck:
         finally:
             judge.threshold = previous
         best = streak_score(probability, getattr(self.imagined_env, "success_chunks", 1)).cpu().numpy()
-        succeeded = real.success_once.cpu().numpy()
-        # kappa needs both outcomes: where every episode failed, "all fail" agrees perfectly but has no kappa
-        both = succeeded.any() and not succeeded.all()
-        chosen = max_kappa_threshold(best, succeeded, self.task_of_episode, tolerance_se) if both else None
+        chosen = max_kappa_threshold(best, real.success_once.cpu().numpy(), self.task_of_episode, tolerance_se)
         judge.threshold = previous if chosen is None else chosen
 
         def judged_at(threshold: float) -> dict[str, Any]:
