@@ -152,7 +152,6 @@ class ImaginedEnv:
         self.num_envs, self.group_size, self.max_steps = num_envs, group_size, max_steps
         self.chunk_size, self.action_dim, self.image_size = int(world_model.chunk_size), int(world_model.action_dim), image_size
         self.reward_scale, self.kir_ratio, self.device = reward_scale, kir_ratio, torch.device(device)
-        self.success_chunks = success_chunks
         self.verdicts = ChunkVerdicts(judge, success_chunks)
         self.task_names = sorted(set(initial_states.instructions))
         """The tasks are the instructions of the initial-state pool."""
@@ -257,6 +256,11 @@ class ImaginedEnv:
     @property
     def elapsed_steps(self) -> torch.Tensor:
         return self._elapsed.clone()
+
+    @property
+    def success_chunks(self) -> int:
+        """Consecutive chunk ends the judge must call a success (kept by ``verdicts``)."""
+        return self.verdicts.success_chunks
 
     def close(self) -> None:
         pass
