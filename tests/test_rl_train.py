@@ -379,7 +379,7 @@ def test_the_gap_is_traced_to_the_judge_or_the_world_model():
     and its world model replaying the real action chunks open loop. A lenient judge shows at the first,
     a world model that moves the dot to the target whatever the actions at the second; a faithful pair
     tracks the simulator at both."""
-    from worldloop.rl.trainer import OPTIMISTIC, gap_source, imagination_gap_diagnosis, results_table
+    from worldloop.rl.trainer import EXPLOITED, OPTIMISTIC, gap_source, imagination_gap_diagnosis, results_table, world_model_exploited_diagnosis
 
     class Drifting(ToyWorldModel):  # every action chunk takes the dot straight to the target
         def step(self, action_chunks):
@@ -401,6 +401,9 @@ def test_the_gap_is_traced_to_the_judge_or_the_world_model():
     for source in faithful["gap_sources"].values():
         assert source["kappa"] > 0.8 and source["episodes"] == episodes, faithful["gap_sources"]
     assert "the judge on the real frames" in results_table([faithful]) and "closed loop" in results_table([faithful])
+    replayed = faithful["gap_sources"]["replayed"]  # one task: its own kappa is the overall one
+    assert replayed["per_task_kappa"][TASK]["kappa"] == pytest.approx(replayed["kappa"])
+    assert f"| 0 | {TASK} | {faithful['real']['success_once']:.2f} | " in results_table([faithful])
 
     lenient = check(ToyWorldModel(), ToyJudge(radius=10.0))
     assert lenient["gap_sources"]["judged_real"]["success_once"] == 1.0
@@ -411,6 +414,9 @@ def test_the_gap_is_traced_to_the_judge_or_the_world_model():
     sources = drifting["gap_sources"]
     assert sources["judged_real"]["kappa"] > 0.6 and sources["replayed"]["success_once"] > 0.9 > 0.6 > drifting["real"]["success_once"], sources
     assert gap_source(drifting).startswith("it starts at the world model replaying the real actions"), gap_source(drifting)
+    # a world model that was faithful at the first evaluation and drifts at a later one: RL would be exploiting it
+    assert world_model_exploited_diagnosis(faithful, drifting).startswith(f"{EXPLOITED} on {TASK}:")
+    assert world_model_exploited_diagnosis(faithful, faithful) == world_model_exploited_diagnosis(drifting, drifting) == ""
 
 
 def test_a_lenient_judge_is_recalibrated_on_the_base_policys_replayed_episodes(tmp_path, capsys):
@@ -462,3 +468,24 @@ def test_a_gap_that_neither_the_judge_nor_the_replay_shows_is_the_closed_loop():
     # a pessimistic gap is traced in its own direction: a replay above the real rate does not explain it
     assert gap_source(result | {"imagined": rate(0.0), "gap_sources": {"replayed": rate(0.9)}}).endswith("closed loop, where the policy acts on imagined frames")
     assert gap_source(result | {"imagined": rate(0.0), "gap_sources": {"replayed": rate(0.0)}}).startswith("it starts at the world model")
+
+
+def test_world_model_exploitation_needs_a_faithful_start_a_significant_fall_and_optimism():
+    """The thirteenth H200 session's door-open: the replay agreed with the simulator at kappa 0.50 at
+    iteration 0 and at -0.20 at iteration 44, saying 0.59 where the simulator said 0.13. No warning when the
+    start was not faithful (drawer-open, 0.09), the fall is within two standard errors, or the replay says less."""
+    from worldloop.rl.trainer import EXPLOITED, world_model_exploited_diagnosis
+
+    def evaluation(iteration, kappa, replayed, real, stderr=0.09):
+        return {"iteration": iteration, "real": {"per_task": {"door": {"success_once": real}}},
+                "gap_sources": {"replayed": {"per_task": {"door": {"success_once": replayed}},
+                                             "per_task_kappa": {"door": {"kappa": kappa, "kappa_stderr": stderr}}}}}  # fmt: skip
+
+    start = evaluation(0, 0.50, 0.47, 0.46)
+    warning = world_model_exploited_diagnosis(start, evaluation(44, -0.20, 0.59, 0.13))
+    assert warning.startswith(f"{EXPLOITED} on door:") and "kappa 0.50 ± 0.09 at iteration 0" in warning and "rl.kl_coef" in warning
+    assert world_model_exploited_diagnosis(evaluation(0, 0.09, 0.29, 0.44), evaluation(44, -0.20, 0.59, 0.13)) == ""
+    assert world_model_exploited_diagnosis(start, evaluation(44, 0.30, 0.59, 0.13)) == ""  # 0.20 < 2 x 0.127
+    assert world_model_exploited_diagnosis(start, evaluation(44, -0.20, 0.10, 0.13)) == ""
+    assert world_model_exploited_diagnosis(start, evaluation(44, None, 1.0, 0.0, stderr=None)).startswith(EXPLOITED)
+    assert world_model_exploited_diagnosis({"iteration": 0, "real": {}}, evaluation(44, -0.20, 0.59, 0.13)) == ""  # runs from before

@@ -242,10 +242,17 @@ class RealityCheck:
                 "replayed_before": judged_at(previous), "replayed_after": judged_at(judge.threshold)}  # fmt: skip
 
     def _versus_real(self, real: torch.Tensor, verdicts: torch.Tensor) -> dict[str, Any]:
-        """Per-episode agreement of ``verdicts`` with the simulator's, against chance within tasks."""
-        agreement = agreement_beyond_chance(real.tolist(), verdicts.tolist(), self.task_of_episode)
+        """Per-episode agreement of ``verdicts`` with the simulator's, against chance within tasks, and
+        each task's own kappa (``per_task_kappa``: where one task's imagination is faithful and another's is not)."""
+        real, verdicts, tasks = real.tolist(), verdicts.tolist(), self.task_of_episode
+        agreement = agreement_beyond_chance(real, verdicts, tasks)
+        per_task = {}
+        for task in dict.fromkeys(tasks):
+            mine = [i for i, t in enumerate(tasks) if t == task]
+            within = agreement_beyond_chance([real[i] for i in mine], [verdicts[i] for i in mine], [task] * len(mine))
+            per_task[task] = {"kappa": within["kappa"], "kappa_stderr": within["kappa_stderr"]}
         return {"agreement": agreement["agreement"], "agreement_by_chance": agreement["chance"],
-                "kappa": agreement["kappa"], "kappa_stderr": agreement["kappa_stderr"]}  # fmt: skip
+                "kappa": agreement["kappa"], "kappa_stderr": agreement["kappa_stderr"], "per_task_kappa": per_task}  # fmt: skip
 
     def _write_videos(self, real: Rollout, imagined: Rollout, tag: str) -> None:
         from worldloop.data.video import write_mp4

@@ -122,7 +122,8 @@ def train(
                 line += "\n  " + tracking_line(result["tracking"])
             if result.get("gap_sources"):
                 line += "\n  " + sources_line(result)
-            for warning in (imagination_gap_diagnosis(result), imagination_tracking_diagnosis(result)):
+            for warning in (imagination_gap_diagnosis(result), imagination_tracking_diagnosis(result),
+                            world_model_exploited_diagnosis(evaluations[0], result)):  # fmt: skip
                 if warning:
                     warn(iteration, warning)
         writer.add_scalar("time/eval", time.perf_counter() - began, iteration)
@@ -293,6 +294,7 @@ SILENT_ITERATIONS = 5  # GRPO iterations without a single informative group befo
 OPTIMISTIC = "the imagined environment is optimistic"
 PESSIMISTIC = "the imagined environment is pessimistic"
 UNTRACKED = "the imagined environment does not track reality per episode"
+EXPLOITED = "the policy exploits the world model"
 LARGE_UPDATE = "an update moved the policy far"
 LARGE_UPDATE_KL = 0.3  # healthy iterations of the H200 runs: approx_kl 0.01-0.07; the jumps: 0.54 and 1.43
 
@@ -365,15 +367,65 @@ def gap_source(result: dict[str, Any], margin: float = 0.2) -> str:
     return f"{near}, near the real rate: the gap arises in the closed loop, where the policy acts on imagined frames"
 
 
+def gap_steps(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The reality check's steps in ``SOURCES`` order, each a success summary with its kappa against the simulator
+    (overall and ``per_task_kappa``); the closed loop's kappa sits at the result's top level."""
+    closed_loop = {key: result.get(key) for key in ("kappa", "kappa_stderr", "per_task_kappa")}
+    return dict(result["gap_sources"]) | {"imagined": result["imagined"] | closed_loop}
+
+
 def sources_line(result: dict[str, Any]) -> str:
     """'success and kappa against the simulator: the judge on the real frames 0.400 ± 0.035 (n=200) (kappa 0.81 ± 0.05),
     the world model replaying the real actions 0.600 ± 0.035 (n=200) (kappa 0.30 ± 0.07), closed loop 0.700 ± 0.032 (n=200) (kappa ...)'."""
-    steps = dict(result["gap_sources"]) | {"imagined": result["imagined"] | {"kappa": result.get("kappa"), "kappa_stderr": result.get("kappa_stderr")}}
     parts = []
-    for name, step in steps.items():
+    for name, step in gap_steps(result).items():
         kappa = format_kappa(step["kappa"], step["kappa_stderr"]) if step.get("kappa") is not None else "-"
         parts.append(f"{SOURCES[name]} {_rate(step)} (kappa {kappa})")
     return "success and kappa against the simulator: " + ", ".join(parts)
+
+
+def sources_by_task_rows(result: dict[str, Any]) -> list[str]:
+    """Markdown rows '| iteration | task | real | judge on real | replay | closed loop |', each step's success with
+    its kappa against the simulator within the task: where one task's imagination is faithful and another's is not."""
+    steps = gap_steps(result)
+    rows = []
+    for task, real in result["real"]["per_task"].items():
+        cells = [f"{real['success_once']:.2f}"]
+        for name in SOURCES:
+            if name not in steps:  # no judge on the real frames without a judge
+                cells.append("-")
+                continue
+            step = steps[name]
+            kappa = (step.get("per_task_kappa") or {}).get(task, {}).get("kappa")
+            cells.append(f"{step['per_task'][task]['success_once']:.2f} ({'-' if kappa is None else f'{kappa:.2f}'})")
+        rows.append(f"| {result['iteration']} | {task} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def world_model_exploited_diagnosis(first: dict[str, Any], result: dict[str, Any], slight: float = 0.2) -> str:
+    """A warning when, on some task, the world model replaying the policy's real actions agreed with the
+    simulator per episode at the ``first`` evaluation (kappa >= ``slight``) and no longer does (down by more
+    than 2 standard errors) while saying more than the simulator: RL has moved the policy to actions the world
+    model renders as successes and reality does not (the thirteenth H200 session, door-open: kappa 0.50 -> -0.20,
+    replay 0.59 against real 0.13)."""
+    before = (first.get("gap_sources") or {}).get("replayed", {}).get("per_task_kappa") or {}
+    now = (result.get("gap_sources") or {}).get("replayed", {})
+    for task, then in before.items():
+        later = (now.get("per_task_kappa") or {}).get(task)
+        if then["kappa"] is None or then["kappa"] < slight or later is None:
+            continue
+        kappa = later["kappa"] if later["kappa"] is not None else 0.0  # constant verdicts: no agreement beyond chance
+        spread = math.hypot(then["kappa_stderr"], later["kappa_stderr"] or 0.0)
+        replayed, real = now["per_task"][task]["success_once"], result["real"]["per_task"][task]["success_once"]
+        if then["kappa"] - kappa > 2 * spread and replayed > real:
+            return (f"{EXPLOITED} on {task}: replaying the policy's real action chunks, the world model's verdicts agreed with the "
+                    f"simulator's at kappa {format_kappa(then['kappa'], then['kappa_stderr'])} at iteration {first['iteration']} and "
+                    f"{'-' if later['kappa'] is None else format_kappa(later['kappa'], later['kappa_stderr'])} at iteration {result['iteration']}, "
+                    f"and it now says {replayed:.2f} where the simulator says {real:.2f}: RL has moved the policy to actions that the "
+                    "world model renders as successes and reality does not. Hold the policy near the actions the world model knows "
+                    "(rl.kl_coef > 0, a lower rl.lr, fewer iterations) or refine the world model on the evolved policy's real rollouts "
+                    "(PACE: `worldloop loop`)")  # fmt: skip
+    return ""
 
 
 def imagination_tracking_diagnosis(result: dict[str, Any], slight: float = 0.2, min_episodes: int = 20) -> str:
@@ -415,6 +467,9 @@ def results_table(evaluations: list[dict[str, Any]]) -> str:
     if sourced:
         lines += ["", "Where the gap comes from, from the same initial states (per episode against the simulator's verdicts):", ""]
         lines += [f"- iteration {result['iteration']}: {sources_line(result)}" for result in sourced]
+        lines += ["", "Per task: success, and in brackets the per-episode kappa against the simulator within the task:", "",
+                  "| iteration | task | real | judge on real | replay | closed loop |", "|---|---|---|---|---|---|"]
+        lines += [row for result in sourced for row in sources_by_task_rows(result)]
     return "\n".join(lines) + "\n"
 
 
