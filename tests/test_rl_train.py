@@ -437,7 +437,7 @@ def test_a_lenient_judge_is_recalibrated_on_the_base_policys_replayed_episodes(t
     path = tmp_path / "judge_calibration.json"
     calibrate_threshold(calibration, policy, judge, 1.0, path)
     saved = json.loads(path.read_text())
-    assert judge.threshold == saved["threshold"] > 0.1 and saved["previous"] == 1e-3
+    assert judge.threshold == saved["threshold"] > 0.1 and saved["previous"] == 1e-3 and saved["seconds"] > 0
     assert saved["replayed_after"]["kappa"] > saved["replayed_before"]["kappa"], saved
     assert saved["replayed_after"]["success_once"] <= saved["real"]["success_once"] < saved["replayed_before"]["success_once"], saved
     assert "judge threshold 0.001 -> " in capsys.readouterr().out

@@ -146,6 +146,7 @@ def calibrate_threshold(calibration, policy, judge, tolerance_se: float, path) -
     """rl.judge_threshold=replay: the judge's threshold from ``policy``'s real episodes replayed in the
     world model (RealityCheck.calibrate_judge), saved to ``path``; a resumed run reads it back instead."""
     import json
+    import time
 
     from worldloop.utils.io import atomic_write_json
     from worldloop.utils.stats import format_kappa
@@ -154,7 +155,9 @@ def calibrate_threshold(calibration, policy, judge, tolerance_se: float, path) -
         judge.threshold = float(json.loads(path.read_text())["threshold"])
         print(f"judge threshold {judge.threshold:.3f}, calibrated before training ({path})")
         return
+    began = time.perf_counter()
     result = calibration.calibrate_judge(policy, tolerance_se)
+    result["seconds"] = time.perf_counter() - began  # its cost: one real evaluation and one replay
     atomic_write_json(path, result)
 
     def kappa(verdicts: dict) -> str:
@@ -167,7 +170,7 @@ def calibrate_threshold(calibration, policy, judge, tolerance_se: float, path) -
         return
     print(f"judge threshold {result['previous']:.3f} -> {result['threshold']:.3f}, chosen on the base policy's real episodes replayed "
           f"in the world model (n={result['real']['episodes']}, real success {result['real']['success_once']:.3f}): judged "
-          f"{before['success_once']:.3f} -> {after['success_once']:.3f}, kappa {kappa(before)} -> {kappa(after)} ({path})")  # fmt: skip
+          f"{before['success_once']:.3f} -> {after['success_once']:.3f}, kappa {kappa(before)} -> {kappa(after)}, in {result['seconds']:.0f} s ({path})")  # fmt: skip
 
 
 def imagined_env(config: Config, world_model, judge, dataset, keyframes: str | None, num_envs: int, group_size: int, max_steps: int, device, kir_ratio: float | None = None):
