@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -19,8 +20,10 @@ def test_plan_skips_what_the_user_brings(tmp_path):
     config = load_config("micro")
     names = [s.name for s in plan(config, tmp_path, Inputs())[0]]
     assert names[:2] == ["demos", "policy_base"] and names[-1] == "eval_rl2"
-    own = [s.name for s in plan(config, tmp_path, Inputs(dataset="d", base_policy="p", world_model="w", judge="j"))[0]]
-    assert not {"demos", "policy_base", "vae", "wm_base", "judge"} & set(own)
+    stages = plan(config, tmp_path, Inputs(dataset="d", base_policy="p", world_model="w", judge="j"))[0]
+    assert not {"demos", "policy_base", "vae", "wm_base", "judge"} & {s.name for s in stages}
+    wm_evo = next(s.argv for s in stages if s.name == "wm_evo")  # refined on the VAE of the world model brought
+    assert wm_evo[wm_evo.index("--vae") + 1] == str(Path("w") / "vae") and wm_evo[wm_evo.index("--init") + 1] == "w"
     no_pace = [s.name for s in plan(load_config("micro", ["loop.pace=false"]), tmp_path, Inputs())[0]]
     assert no_pace[-1] == "eval_rl1" and "wm_evo" not in no_pace
 

@@ -54,7 +54,7 @@ def plan(config: Config, run: Path, inputs: Inputs) -> tuple[list[Stage], dict[s
         "demos": inputs.dataset or str(run / "demos"),
         "policy_base": inputs.base_policy or str(run / "policy_base"),
         "rollouts_base": str(run / "rollouts_base"),
-        "vae": str(run / "vae"),
+        "vae": str(Path(inputs.world_model) / "vae") if inputs.world_model else str(run / "vae"),  # a world model keeps its VAE in vae/
         "wm_base": inputs.world_model or str(run / "wm_base"),
         "judge": inputs.judge or (lp.judge if lp.judge.startswith("topreward:") else str(run / "judge")),
         "keyframes": str(run / "keyframes"),
