@@ -489,3 +489,19 @@ def test_world_model_exploitation_needs_a_faithful_start_a_significant_fall_and_
     assert world_model_exploited_diagnosis(start, evaluation(44, -0.20, 0.10, 0.13)) == ""
     assert world_model_exploited_diagnosis(start, evaluation(44, None, 1.0, 0.0, stderr=None)).startswith(EXPLOITED)
     assert world_model_exploited_diagnosis({"iteration": 0, "real": {}}, evaluation(44, -0.20, 0.59, 0.13)) == ""  # runs from before
+
+
+def test_a_task_that_imagination_does_not_track_is_named_even_when_the_overall_kappa_is_fine():
+    """The thirteenth H200 session at iteration 0: kappa 0.28 overall, door-open 0.50 and drawer-open 0.05."""
+    from worldloop.rl.trainer import UNTRACKED, imagination_tracking_diagnosis
+
+    tasks = {"door-open-v3": {"episodes": 100}, "drawer-open-v3": {"episodes": 100}}
+    result = {"kappa": 0.28, "kappa_stderr": 0.07, "agreement": 0.66, "agreement_by_chance": 0.53, "real": {"episodes": 200, "per_task": tasks},
+              "per_task_kappa": {"door-open-v3": {"kappa": 0.50, "kappa_stderr": 0.09}, "drawer-open-v3": {"kappa": 0.05, "kappa_stderr": 0.08}}}  # fmt: skip
+    warning = imagination_tracking_diagnosis(result)
+    assert warning.startswith(f"{UNTRACKED} on drawer-open-v3:") and "door-open-v3 0.50 ± 0.09" in warning, warning
+    tracked = result | {"per_task_kappa": {task: {"kappa": 0.5, "kappa_stderr": 0.09} for task in tasks}}
+    assert imagination_tracking_diagnosis(tracked) == ""
+    few = result | {"real": {"episodes": 200, "per_task": {task: {"episodes": 10} for task in tasks}}}
+    assert imagination_tracking_diagnosis(few) == ""  # too few episodes per task to name one
+    assert imagination_tracking_diagnosis({k: v for k, v in result.items() if k != "per_task_kappa"}) == ""  # runs from before

@@ -431,10 +431,20 @@ def world_model_exploited_diagnosis(first: dict[str, Any], result: dict[str, Any
 def imagination_tracking_diagnosis(result: dict[str, Any], slight: float = 0.2, min_episodes: int = 20) -> str:
     """A warning when, per episode, the imagined verdicts agree with the real ones little beyond chance
     (Cohen's kappa below ``slight``): the rates may match, but RL's reward then barely says which of
-    the policy's own actions really succeed (the sixth H200 session: rates 0.325 vs 0.370, kappa -0.02)."""
+    the policy's own actions really succeed (the sixth H200 session: rates 0.325 vs 0.370, kappa -0.02); or,
+    where it tracks overall, when one task with ``min_episodes`` or more does not."""
     kappa = result.get("kappa")
-    if kappa is None or kappa >= slight or result["real"]["episodes"] < min_episodes:
+    if kappa is None or result["real"]["episodes"] < min_episodes:
         return ""
+    if kappa >= slight:  # faithful overall, but a task may still be blind (the thirteenth H200 session: 0.50 and 0.05)
+        per_task = {task: k for task, k in (result.get("per_task_kappa") or {}).items() if result["real"]["per_task"][task]["episodes"] >= min_episodes}
+        blind = [task for task, k in per_task.items() if k["kappa"] is not None and k["kappa"] < slight]
+        if not blind:
+            return ""
+        kappas = ", ".join(f"{task} {format_kappa(k['kappa'], k['kappa_stderr'])}" for task, k in per_task.items() if k["kappa"] is not None)
+        return (f"{UNTRACKED} on {', '.join(blind)}: per task, kappa against the simulator {kappas}, so there RL's reward says little "
+                "about which rollouts really succeed. Train on the tasks it tracks (--tasks), or look at that task's replays "
+                "(`calibrate-reward --world-model`) and the world model's per-task rows (`eval-wm`)")  # fmt: skip
     return (f"{UNTRACKED}: per episode its verdicts agree with the real simulator's {result['agreement']:.2f} of the time, "
             f"{result['agreement_by_chance']:.2f} by chance alone (kappa {format_kappa(kappa, result['kappa_stderr'])}), so RL's reward "
             "says little about which rollouts really succeed. Look at the world model's action dPSNR (`eval-wm` on the policy's rollouts: "
