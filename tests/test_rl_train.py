@@ -111,6 +111,14 @@ def test_learning_rate_warms_up_linearly(tmp_path):
         RLConfig(lr_warmup_steps=-1).validate()
 
 
+class Drifting(ToyWorldModel):
+    """A world model that ignores the actions: every chunk takes the dot straight to the target."""
+
+    def step(self, action_chunks):
+        toward = ((self._targets - self._dots) / (self.speed * self.chunk_size)).clamp(-1, 1)
+        return super().step(toward[:, None].expand_as(action_chunks))
+
+
 class SharperInTheUpdate(ToyPolicy):
     """A policy whose update-time log-probs are not those it sampled with (as bf16 or a changed input path would do)."""
 
@@ -381,11 +389,6 @@ def test_the_gap_is_traced_to_the_judge_or_the_world_model():
     tracks the simulator at both."""
     from worldloop.rl.trainer import EXPLOITED, OPTIMISTIC, gap_source, imagination_gap_diagnosis, results_table, world_model_exploited_diagnosis
 
-    class Drifting(ToyWorldModel):  # every action chunk takes the dot straight to the target
-        def step(self, action_chunks):
-            toward = ((self._targets - self._dots) / (self.speed * self.chunk_size)).clamp(-1, 1)
-            return super().step(toward[:, None].expand_as(action_chunks))
-
     torch.manual_seed(0)
     policy, episodes = ToyPolicy(), 64
 
@@ -440,7 +443,8 @@ def test_a_lenient_judge_is_recalibrated_on_the_base_policys_replayed_episodes(t
     assert judge.threshold == saved["threshold"] > 0.1 and saved["previous"] == 1e-3 and saved["seconds"] > 0
     assert saved["replayed_after"]["kappa"] > saved["replayed_before"]["kappa"], saved
     assert saved["replayed_after"]["success_once"] <= saved["real"]["success_once"] < saved["replayed_before"]["success_once"], saved
-    assert "judge threshold 0.001 -> " in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "judge threshold 0.001 -> " in printed and "WARNING" not in printed
     after = check(policy)
     assert after["gap_sources"]["judged_real"]["success_once"] <= after["real"]["success_once"], after
     judge.threshold = 1e-3  # a resumed run: the saved threshold, no new calibration
@@ -450,6 +454,10 @@ def test_a_lenient_judge_is_recalibrated_on_the_base_policys_replayed_episodes(t
     never = RealityCheck(ToyEnv(episodes, radius=1e-4), [TASK], episodes, imagined_env=env)  # a target nobody reaches
     kept = never.calibrate_judge(policy, 1.0)
     assert kept["real"]["success_once"] == 0.0 and not kept["calibrated"] and judge.threshold == kept["threshold"] == saved["threshold"]
+    # A world model that ignores the actions succeeds in every replay: no threshold separates the real outcomes
+    blind = ImaginedEnv(Drifting(), ToyJudge(threshold=1e-3), make_pool(32, 3), episodes, 1, max_steps=16, kir_ratio=0.0)
+    calibrate_threshold(RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=blind), policy, blind.judge, 1.0, tmp_path / "blind.json")
+    assert "WARNING even at the calibrated threshold" in capsys.readouterr().out
 
 
 def test_a_reality_check_across_resolutions_is_refused_before_it_runs():

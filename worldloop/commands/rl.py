@@ -171,6 +171,12 @@ def calibrate_threshold(calibration, policy, judge, tolerance_se: float, path) -
     print(f"judge threshold {result['previous']:.3f} -> {result['threshold']:.3f}, chosen on the base policy's real episodes replayed "
           f"in the world model (n={result['real']['episodes']}, real success {result['real']['success_once']:.3f}): judged "
           f"{before['success_once']:.3f} -> {after['success_once']:.3f}, kappa {kappa(before)} -> {kappa(after)}, in {result['seconds']:.0f} s ({path})")  # fmt: skip
+    if after["kappa"] is None or after["kappa"] < 2 * after["kappa_stderr"]:
+        # the thirteenth H200 session with rl.success_chunks=2: kappa 0.06 ± 0.07 at the chosen threshold
+        print(f"rl: WARNING even at the calibrated threshold the replays' verdicts agree with the simulator's no better than chance "
+              f"(kappa {kappa(after)}): no threshold lets this judge tell the starting policy's successes from its failures in "
+              "this world model, so RL's reward will be noise. Check the replays (`calibrate-reward --world-model` on the "
+              "policy's rollouts), a lower rl.success_chunks, or other tasks")  # fmt: skip
 
 
 def imagined_env(config: Config, world_model, judge, dataset, keyframes: str | None, num_envs: int, group_size: int, max_steps: int, device, kir_ratio: float | None = None):
