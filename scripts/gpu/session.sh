@@ -33,7 +33,8 @@
 # "world_model.context_channels=false": eval-wm and the judge's calibration on its replays; only the first
 # trains the judge and goes on to RL; see worldmodel.sh),
 # WM_FROM (a world-model folder from an earlier lease, vae/ included: the DiT trains on from it, for
-# WM_SECONDS more, on its VAE; no VAE is trained), CARRY (a folder: once trained, the DiT and the VAE
+# WM_SECONDS more, on its VAE; no VAE is trained; WM_SECONDS=0: used as it is, and the judge, then RL, start
+# ~4 minutes earlier), CARRY (a folder: once trained, the DiT and the VAE
 # trained here are packed there in 15 MB parts; poll calls copy them to the device's OUT, at most three
 # parts per call (a call returns ~64 MB at most: the eighth session lost its fifth part), and
 # the next lease unpacks them: `unpack wm.parts.json /root/wm`, then `unpack vae.parts.json /root/wm/vae`),
@@ -111,6 +112,7 @@ if [ "${BASE_ROLLOUTS:-0}" -gt 0 ]; then
       --no-progress sim.num_workers=$SIM_WORKERS eval.greedy=false eval.temperature=1.0 "${EXTRA_ARGS[@]}" >"$OUT/rollouts.log" 2>&1
     mark "base-policy rollouts: exit $?"
   ) &
+  base_rollouts=$!
 fi
 (OUT="$OUT/wm" SKIP_BENCH=1 MORE_DATA="$MORE_DATA" EXTRA="${EXTRA:-device=cuda}" bash scripts/gpu/worldmodel.sh "$DATA" >"$OUT/wm.log" 2>&1; mark "world-model chain: exit $?") &
 wm_chain=$!
@@ -118,6 +120,9 @@ wm_chain=$!
 # evaluations may still run): the VAE and the DiT then have the GPU to themselves, but for the short SFT.
 while kill -0 "$wm_chain" 2>/dev/null && [ ! -f "$OUT/wm/wm/results.json" ]; do sleep 5; done
 [ -f "$OUT/wm/wm/results.json" ] && JUDGE_WM="$OUT/wm/wm" || JUDGE_WM=""
+# ... and on the base policy's rollouts: they end long before a DiT trains, but a world model used as it is
+# (WM_SECONDS=0) is ready at once
+[ -n "${base_rollouts:-}" ] && wait "$base_rollouts"
 [ -f "$MORE_DATA/summary.json" ] || MORE_DATA=""
 (OUT="$OUT/rewards" SKIP_BENCH=1 WORLD_MODEL="$JUDGE_WM" MORE_DATA="$MORE_DATA" bash scripts/gpu/rewards.sh "$DATA" >"$OUT/rewards.log" 2>&1; mark "rewards chain: exit $?") &
 rewards_chain=$!

@@ -7,7 +7,8 @@
 # N steps, VAE_SECONDS then only caps it, so its quality does not depend on what else shares the machine),
 # VAE_FROM (a VAE folder trained in an earlier lease, e.g. unpacked by `python -m worldloop.utils.parts`:
 # used as it is, not trained), WM_FROM (a world-model folder from an earlier lease, its vae/ included:
-# train-wm continues it with --init for WM_SECONDS more, on its own VAE unless VAE_FROM says otherwise),
+# train-wm continues it with --init for WM_SECONDS more, on its own VAE unless VAE_FROM says otherwise;
+# WM_SECONDS=0: used as it is, linked as $OUT/wm and only evaluated, so what waits for it starts minutes earlier),
 # CARRY (a folder: the trained DiT, and the VAE when trained here, packed there in 15 MB parts for the
 # next lease; see worldloop/utils/parts.py), SKIP_BENCH=1, PRESET (metaworld-gpu), EXTRA (overrides),
 # EVAL_MEMORY_NOISE ("": extra eval-wm runs, one per world_model.memory_noise level, e.g. "0.1 0.2"),
@@ -35,11 +36,20 @@ if [ "$IMG" -ge 128 ]; then DOWN=3; else DOWN=2; fi
 read -r -a EXTRA <<< "${EXTRA:-device=cuda}"  # extra key=value overrides (a CPU dry run: EXTRA="device=cpu ...")
 COMMON=(--preset "${PRESET:-metaworld-gpu}" "${EXTRA[@]}")
 
+# 0. WM_FROM with WM_SECONDS=0: linked before anything else, so that the judge, which waits for it, can start
+USE_AS_IS=0
+if [ -n "${WM_FROM:-}" ] && [ "$WM_SECONDS" = 0 ] && [ -f "$WM_FROM/config.json" ]; then
+  USE_AS_IS=1
+  if [ -e "$OUT/wm" ] && [ ! -L "$OUT/wm" ]; then echo "$OUT/wm is a trained model: not replaced by a link to $WM_FROM" | tee -a "$OUT/log.txt"; exit 1; fi
+  ln -sfn "$(cd "$WM_FROM" && pwd)" "$OUT/wm"
+  echo "world model: $WM_FROM used as it is (WM_SECONDS=0), linked as $OUT/wm" | tee -a "$OUT/log.txt"
+fi
+
 # 1. VAE (bounded by time and vae.steps, whichever ends first), or VAE_FROM's, measured on this held-out split
 if [ -n "${WM_FROM:-}" ]; then
   [ -f "$WM_FROM/config.json" ] || { echo "WM_FROM=$WM_FROM is not a world-model folder (no config.json)" | tee -a "$OUT/log.txt"; exit 1; }
   VAE_FROM=${VAE_FROM:-$WM_FROM/vae}
-  echo "world model: continuing $WM_FROM (its DiT trains on with --init), VAE from $VAE_FROM" | tee -a "$OUT/log.txt"
+  [ "$USE_AS_IS" = 1 ] || echo "world model: continuing $WM_FROM (its DiT trains on with --init), VAE from $VAE_FROM" | tee -a "$OUT/log.txt"
 fi
 if [ -n "${VAE_FROM:-}" ]; then VAE_ARGS=("vae.pretrained=$VAE_FROM"); else VAE_ARGS=(vae.spatial_downsamples=$DOWN vae.time_limit_s=$VAE_SECONDS ${VAE_STEPS:+vae.steps=$VAE_STEPS}); fi
 timeout $((VAE_SECONDS + 240)) $PY -m worldloop train-vae --dataset "$DATA" --out "$OUT/vae" "${COMMON[@]}" "${VAE_ARGS[@]}" \
@@ -51,18 +61,22 @@ for MORE in ${MORE_DATA:-}; do
   for _ in $(seq $((${MORE_DATA_WAIT_S:-300} / 5))); do [ -f "$MORE/summary.json" ] && break; sleep 5; done
   if [ -f "$MORE/summary.json" ]; then DATASETS+=("$MORE"); else echo "$MORE is not collected: training without it" | tee -a "$OUT/log.txt"; fi
 done
-if [ -n "${WM_ALSO:-}" ]; then
+if [ "$USE_AS_IS" = 1 ]; then
+  [ -z "${WM_ALSO:-}" ] || echo "WM_ALSO ignored: WM_SECONDS=0 trains no DiT" | tee -a "$OUT/log.txt"
+elif [ -n "${WM_ALSO:-}" ]; then
   read -r -a ALSO <<< "$WM_ALSO"
   echo "A/B: a second DiT with ${WM_ALSO} trains alongside into $OUT/wm-also" | tee -a "$OUT/log.txt"
   timeout $((WM_SECONDS + 300)) $PY -m worldloop train-wm --dataset "${DATASETS[@]}" --vae "$OUT/vae" --out "$OUT/wm-also" "${COMMON[@]}" \
     ${WM_FROM:+--init "$WM_FROM"} world_model.time_limit_s=$WM_SECONDS "${ALSO[@]}" > "$OUT/wm-also.log" 2>&1 &
   ALSO_PID=$!
 fi
-timeout $((WM_SECONDS + 300)) $PY -m worldloop train-wm --dataset "${DATASETS[@]}" --vae "$OUT/vae" --out "$OUT/wm" "${COMMON[@]}" \
-  ${WM_FROM:+--init "$WM_FROM"} world_model.time_limit_s=$WM_SECONDS 2>&1 | grep -v "it/s]" | tail -12 | tee -a "$OUT/log.txt"
+if [ "$USE_AS_IS" = 0 ]; then
+  timeout $((WM_SECONDS + 300)) $PY -m worldloop train-wm --dataset "${DATASETS[@]}" --vae "$OUT/vae" --out "$OUT/wm" "${COMMON[@]}" \
+    ${WM_FROM:+--init "$WM_FROM"} world_model.time_limit_s=$WM_SECONDS 2>&1 | grep -v "it/s]" | tail -12 | tee -a "$OUT/log.txt"
+fi
 
 # 2a. the trained models in parts for the next lease: the DiT without its VAE and clip cache, and the VAE unless it came from one
-if [ -n "${CARRY:-}" ] && [ -f "$OUT/wm/model.safetensors" ]; then
+if [ -n "${CARRY:-}" ] && [ "$USE_AS_IS" = 0 ] && [ -f "$OUT/wm/model.safetensors" ]; then
   mkdir -p "$CARRY"
   { $PY -m worldloop.utils.parts pack "$OUT/wm" "$CARRY" wm --skip vae latents.safetensors latents.json \
       && { [ -n "${VAE_FROM:-}" ] || $PY -m worldloop.utils.parts pack "$OUT/vae" "$CARRY" vae; }; } 2>&1 | tee -a "$OUT/log.txt" \
