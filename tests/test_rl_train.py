@@ -378,7 +378,7 @@ def test_reality_check_writes_real_next_to_imagined_videos(tmp_path):
     videos = sorted(p.name for p in tmp_path.glob("*.mp4"))
     assert videos == [f"iteration_0003_{TASK}_00.mp4", f"iteration_0003_{TASK}_01.mp4"]
     frames = read_mp4(tmp_path / videos[0])
-    assert frames.shape[1:] == (32, 64, 3)  # real | imagined, 32x32 each
+    assert frames.shape[1:] == (32, 96, 3)  # real | replay | imagined, 32x32 each
     assert 1 <= len(frames) <= 16 // 4  # one frame per chunk, up to the episode's end
 
 
@@ -513,3 +513,22 @@ def test_a_task_that_imagination_does_not_track_is_named_even_when_the_overall_k
     few = result | {"real": {"episodes": 200, "per_task": {task: {"episodes": 10} for task in tasks}}}
     assert imagination_tracking_diagnosis(few) == ""  # too few episodes per task to name one
     assert imagination_tracking_diagnosis({k: v for k, v in result.items() if k != "per_task_kappa"}) == ""  # runs from before
+
+
+def test_the_replay_renders_the_real_episodes_actions_in_the_world_model():
+    """The replay's observations are the real run's, imagined: the toy world model is the toy world, so
+    they match frame for frame; a world model that ignores the actions departs after the first chunk."""
+    from worldloop.rl.rollout import collect, replay
+
+    torch.manual_seed(0)
+    episodes = 8
+    real_env = ToyEnv(episodes)
+    first = real_env.reset([TASK] * episodes, list(range(episodes)))
+    real = collect(ToyPolicy(), real_env, first)
+    gaps = []  # mean absolute pixel difference after the first chunk
+    for world_model in (ToyWorldModel(), Drifting()):
+        env = ImaginedEnv(world_model, ToyJudge(), make_pool(32, 3), episodes, 1, max_steps=16, kir_ratio=0.0)
+        replayed = replay(env, first, real)
+        assert replayed.images.shape == real.images.shape and torch.equal(replayed.images[:, 0], real.images[:, 0])
+        gaps.append(float((replayed.images[:, 1:].float() - real.images[:, 1:].float()).abs().mean()))
+    assert gaps[0] < 0.5 and gaps[1] > 3 * gaps[0], gaps

@@ -16,7 +16,7 @@ Every rl.eval_every iterations the policy is evaluated in the real simulator on 
 from the same initial states, in imagination (the imagination-reality gap), and the gap is traced: the
 judge on the real episodes' frames, and the world model replaying their actions open loop. RUN holds config.yaml,
 tb/ (TensorBoard), checkpoints/ (rerun to resume), results.json, results.md, curves.png, policy/ (final)
-and videos/ (real | imagined from the same initial state at each evaluation).
+and videos/ (real | replay of its actions in the world model | imagined, from the same initial state at each evaluation).
 Example: worldloop rl --policy runs/sft --world-model runs/wm --judge runs/rw --dataset runs/data \\
          --keyframes runs/data/keyframes --out runs/rl rl.iterations=50"""
 

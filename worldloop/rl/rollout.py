@@ -149,7 +149,7 @@ class RealityCheck:
     ``seeds`` (default: 10**6 + 1000 * task position + episode) are the same at every evaluation,
     so every evaluation sees the same initial states. ``imagined_env`` (optional) must have as many
     environments and accept ``reset_to``. With both and ``video_dir``, the first ``videos_per_task``
-    episodes of each task are written as real | imagined mp4s, one frame per chunk."""
+    episodes of each task are written as real | replay | imagined mp4s, one frame per chunk."""
 
     def __init__(
         self,
@@ -195,7 +195,8 @@ class RealityCheck:
             # per episode, beyond what each task's success rate alone explains (kappa 0: RL's reward is noise)
             result |= self._versus_real(real.success_once, imagined.success_once)
             result["tracking"] = trajectory_tracking(real, imagined, self.task_of_episode)
-            sources = {"replayed": replay(self.imagined_env, first, real)[0]}
+            replayed = replay(self.imagined_env, first, real)
+            sources = {"replayed": replayed.success}
             if judge is not None:
                 sources = {"judged_real": real_env.success_once} | sources
             result["gap_sources"] = {name: summarize(verdicts, self.task_of_episode) | self._versus_real(real.success_once, verdicts)
@@ -204,7 +205,7 @@ class RealityCheck:
             verdicts = {"real": real.success_once, "imagined": imagined.success_once} | sources
             result["per_episode"] = {name: "".join("1" if v else "0" for v in outcome.tolist()) for name, outcome in verdicts.items()}
             if self.video_dir is not None and self.videos_per_task > 0:
-                self._write_videos(real, imagined, tag)
+                self._write_videos(real, replayed, imagined, tag)
         return result
 
     def calibrate_judge(self, policy: Any, tolerance_se: float = 1.0) -> dict[str, Any]:
@@ -226,7 +227,7 @@ class RealityCheck:
         previous = judge.threshold
         judge.threshold = math.inf  # no replayed episode ends on a verdict: every chunk it ran gets scored
         try:
-            _, probability = replay(self.imagined_env, first, real)
+            probability = replay(self.imagined_env, first, real).probability
         finally:
             judge.threshold = previous
         best = streak_score(probability, getattr(self.imagined_env, "success_chunks", 1)).cpu().numpy()
@@ -254,7 +255,9 @@ class RealityCheck:
         return {"agreement": agreement["agreement"], "agreement_by_chance": agreement["chance"],
                 "kappa": agreement["kappa"], "kappa_stderr": agreement["kappa_stderr"], "per_task_kappa": per_task}  # fmt: skip
 
-    def _write_videos(self, real: Rollout, imagined: Rollout, tag: str) -> None:
+    def _write_videos(self, real: Rollout, replayed: Replay, imagined: Rollout, tag: str) -> None:
+        """real | replay | imagined, one frame per chunk: the real episode; the world model stepped by its real
+        actions (where it departs, the world model is wrong); the policy acting in imagination (closed loop)."""
         from worldloop.data.video import write_mp4
         from worldloop.utils.draw import caption, side_by_side
 
@@ -264,28 +267,42 @@ class RealityCheck:
             if number >= self.videos_per_task:
                 continue
             written[task] = number + 1
+            real_frames = episode_frames(real, i)
             video = side_by_side(
-                caption(episode_frames(real, i), "real", bool(real.success_once[i])),
+                caption(real_frames, "real", bool(real.success_once[i])),
+                caption(replayed.images[i, : len(real_frames)].cpu(), "replay", bool(replayed.success[i])),  # the real episode's chunks
                 caption(episode_frames(imagined, i), "imagined", bool(imagined.success_once[i])),
             )
             write_mp4(self.video_dir / f"{tag}_{task}_{number:02d}.mp4", video, fps=4)
 
 
+@dataclass
+class Replay:
+    """The imagined environment driven open loop by a real run's own action chunks (no policy): what
+    differs from reality here is the world model and the judge alone."""
+
+    success: torch.Tensor
+    """(N,) bool: judged a success within the chunks the real episode executed."""
+    probability: torch.Tensor
+    """(N, T) the P(success) of each chunk's verdict, 0 for chunks the real episode did not run."""
+    images: torch.Tensor
+    """(N, T, H, W, 3) uint8: the imagined observation before each chunk (the real run's ``images``, imagined)."""
+
+
 @torch.no_grad()
-def replay(env: Any, first: EnvReset, real: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N,) bool success and (N, T) the P(success) of each chunk's verdict (0 for chunks the real episode
-    did not run) in the imagined ``env``, driven from the real run's initial observations by the real
-    run's own action chunks, counted over the chunks each real episode executed. Open loop, no policy:
-    what differs from reality here is the world model and the judge alone."""
+def replay(env: Any, first: EnvReset, real: Rollout) -> Replay:
+    """The imagined ``env`` from the real run's initial observations, stepped by the real run's action chunks."""
     env.reset_to(first.frames, list(first.instructions))
     executed = torch.cat([torch.ones_like(real.done[:, :1]), ~real.done[:, :-1]], dim=1)  # (N, T): chunk t ran in reality
     success = torch.zeros_like(executed[:, 0])
     probability = torch.zeros(executed.shape, device=success.device)
+    images = [first.frames.to(success.device)]
     for t in range(real.actions.shape[1]):
         step = env.step(real.actions[:, t].to(env.device))
         success |= step.success.any(dim=1).to(success.device) & executed[:, t]
         probability[:, t] = env.verdicts.probability.to(success.device) * executed[:, t]
-    return success, probability
+        images.append(step.frames[:, -1].to(success.device))
+    return Replay(success, probability, torch.stack(images[:-1], dim=1))
 
 
 def trajectory_tracking(real: Rollout, imagined: Rollout, tasks: Sequence[str]) -> list[dict[str, Any]]:

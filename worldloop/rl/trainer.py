@@ -335,10 +335,10 @@ def imagination_gap_diagnosis(result: dict[str, Any], margin: float = 0.2) -> st
     source = gap_source(result, margin)
     says += f" ({source})" if source else ""
     if gap > 0:
-        return (f"{OPTIMISTIC}: {says}, so RL is paid for failures. Watch the real | imagined videos (OUT/videos) to see "
+        return (f"{OPTIMISTIC}: {says}, so RL is paid for failures. Watch the real | replay | imagined videos (OUT/videos) to see "
                 "whether the world model moves the scene without the policy doing it (train it on the policy's own rollouts too) "
                 "or the judge passes failures (`calibrate-reward --world-model` on those rollouts)")  # fmt: skip
-    return (f"{PESSIMISTIC}: {says}, so RL rarely sees the successes it should reinforce. Watch the real | imagined videos "
+    return (f"{PESSIMISTIC}: {says}, so RL rarely sees the successes it should reinforce. Watch the real | replay | imagined videos "
             "(OUT/videos) to see whether the world model loses the scene (`eval-wm` against copy-last-frame, on the policy's "
             "rollouts too) or the judge misses imagined successes (its recall on imagined frames in `calibrate-reward "
             "--world-model`; rl.success_chunks > 1 asks more of it)")  # fmt: skip
