@@ -70,7 +70,7 @@ def test_loop_runs_every_stage_resumes_and_reports(tmp_path, capsys):
     ]
     # imagination vs reality: one row per RL evaluation, its kappa as results.json has it ("-": undefined)
     evaluations = [e for block in results["imagination_vs_reality"].values() for e in block["evaluations"]]
-    rows = [line for line in text.splitlines() if line.startswith(("| stage1 |", "| stage2 |"))]
+    rows = [line for line in text.splitlines() if line.startswith(("| stage1 |", "| stage2 |")) and line.count("|") == 6]
     assert evaluations and len(rows) == len(evaluations)
     for row, e in zip(rows, evaluations):
         assert row.split("|")[5].strip() == (f"{e['kappa']:.2f} ± {e['kappa_stderr']:.2f}" if "kappa" in e else "-"), row
@@ -85,6 +85,8 @@ def test_loop_runs_every_stage_resumes_and_reports(tmp_path, capsys):
     assert sourced and len(lines) == len(sourced)
     replayed = [f"the world model replaying the real actions {e['gap_sources']['replayed']['success_once']:.3f}" for e in sourced]
     assert all(text in line for text, line in zip(replayed, lines)), lines
+    per_task = [line for line in text.splitlines() if line.startswith(("| stage1 |", "| stage2 |")) and line.count("|") == 8]
+    assert len(per_task) == sum(len(e["real"]["per_task"]) for e in sourced), per_task
     horizons = results["world_model"]["base"]
     assert horizons and all("copy_last_frame_psnr" in m for m in horizons.values())
     assert (run / "per_task.png").is_file() and (run / "learning_curves.png").is_file()

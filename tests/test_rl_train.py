@@ -59,6 +59,12 @@ def test_rl_in_imagination_raises_real_success(tmp_path):
     from PIL import Image
 
     assert Image.open(run / "curves.png").size[0] > 600  # evaluations and training curves side by side
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logged = EventAccumulator(str(run / "tb"))
+    logged.Reload()
+    tags = set(logged.Tags()["scalars"])
+    assert {"eval/success_once", "eval/kappa_replayed", f"eval/{TASK}/kappa_replayed", f"eval/{TASK}/kappa_imagined"} <= tags, sorted(tags)
 
 
 def _run(folder, iterations):

@@ -28,10 +28,11 @@ def collect_results(run: Path, paths: dict[str, str], stage_seconds: dict[str, f
             rl = read_json(file)
             imagination[name] = {
                 "evaluations": [
-                    {"iteration": e["iteration"], "real": _rate(e["real"]), **({"imagined": _rate(e["imagined"])} if "imagined" in e else {}),
+                    {"iteration": e["iteration"], "real": _with_tasks(e["real"]), **({"imagined": _with_tasks(e["imagined"])} if "imagined" in e else {}),
                      **({"kappa": e["kappa"], "kappa_stderr": e["kappa_stderr"]} if e.get("kappa") is not None else {}),
+                     **({"per_task_kappa": e["per_task_kappa"]} if e.get("per_task_kappa") else {}),
                      **({"tracking": e["tracking"]} if e.get("tracking") else {}),
-                     **({"gap_sources": {name: _rate(step) | {"kappa": step["kappa"], "kappa_stderr": step["kappa_stderr"]}
+                     **({"gap_sources": {name: _with_tasks(step) | {"kappa": step["kappa"], "kappa_stderr": step["kappa_stderr"]}
                                          for name, step in e["gap_sources"].items()}} if e.get("gap_sources") else {})}  # fmt: skip
                     for e in rl["evaluations"]
                 ],
@@ -86,11 +87,14 @@ def render_markdown(run: Path, results: dict[str, Any], plots: list[str]) -> str
             lines += [f"- {stage} @ {e['iteration']}: {tracking_line(e['tracking'])}" for stage, e in tracked]
         sourced = [(stage, e) for stage, block in results["imagination_vs_reality"].items() for e in block["evaluations"] if e.get("gap_sources")]
         if sourced:
-            from worldloop.rl.trainer import sources_line
+            from worldloop.rl.trainer import sources_by_task_rows, sources_line
 
             lines += ["", "Where the gap comes from: the judge on the real episodes' frames, the world model replaying their actions",
                       "open loop, then the closed loop (success, and per episode kappa against the simulator):", ""]
             lines += [f"- {stage} @ {e['iteration']}: {sources_line(e)}" for stage, e in sourced]
+            lines += ["", "Per task (in brackets: the per-episode kappa against the simulator within the task):", "",
+                      "| RL stage | iteration | task | real | judge on real | replay | closed loop |", "| --- | ---: | --- | ---: | ---: | ---: | ---: |"]
+            lines += [f"| {stage} {row}" for stage, e in sourced for row in sources_by_task_rows(e)]
     for name, horizons in results["world_model"].items():
         lines += ["", f"## World model ({name}): open-loop replay of held-out trajectories", ""]
         lines += ["| horizon | episodes | PSNR | copy-last-frame PSNR | SSIM | copy-last-frame SSIM |", "| ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -166,6 +170,12 @@ def _save(fig, path: Path, run: Path) -> str:
 
 def _rate(block: dict[str, Any]) -> dict[str, Any]:
     return {"success_once": block["success_once"], "stderr": block["stderr"], "episodes": block["episodes"]}
+
+
+def _with_tasks(block: dict[str, Any]) -> dict[str, Any]:
+    """A success summary with its per-task rates, and its per-task kappas against the simulator where measured."""
+    per_task = {"per_task": {task: _rate(rate) for task, rate in block.get("per_task", {}).items()}}
+    return _rate(block) | per_task | ({"per_task_kappa": block["per_task_kappa"]} if "per_task_kappa" in block else {})
 
 
 def _cell(rate: dict[str, Any] | None) -> str:

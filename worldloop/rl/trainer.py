@@ -118,6 +118,11 @@ def train(
                 writer.add_scalar(f"eval/success_once_{name}", source["success_once"], iteration)
                 if source["kappa"] is not None:
                     writer.add_scalar(f"eval/kappa_{name}", source["kappa"], iteration)
+            if result.get("gap_sources"):
+                for name, step in gap_steps(result).items():  # per task: where imagination is faithful, and where RL moved it
+                    for task, kappa in (step.get("per_task_kappa") or {}).items():
+                        if kappa["kappa"] is not None:
+                            writer.add_scalar(f"eval/{task}/kappa_{name}", kappa["kappa"], iteration)
             if result.get("tracking"):
                 line += "\n  " + tracking_line(result["tracking"])
             if result.get("gap_sources"):
