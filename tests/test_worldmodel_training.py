@@ -167,6 +167,11 @@ def test_evaluate_writes_metrics_and_strips(vae, tmp_path):
     assert (tmp_path / "eval" / "episode_00_strip.png").is_file() and (tmp_path / "eval" / "episode_00_real_vs_generated.mp4").is_file()
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["rollout_frames_per_second"] > 0
     assert metrics["per_task"] == {}  # the square episodes are one task
+    # every episode's own numbers, for paired comparisons; equal lengths: their mean is the pooled row's
+    per_episode = metrics["per_episode"]
+    assert [e["episode"] for e in per_episode] == [0, 1] and sorted(per_episode[0]["psnr"]) == ["16", "8"]  # no dataset index: the position
+    assert sum(e["psnr"]["8"] for e in per_episode) / 2 == pytest.approx(row["psnr"], rel=1e-5)
+    assert sum(e["copy_last_frame_psnr"]["8"] for e in per_episode) / 2 == pytest.approx(row["copy_last_frame_psnr"], rel=1e-5)
 
 
 def test_horizon_metrics_margin_stderr_is_over_episodes():

@@ -142,6 +142,24 @@ def per_task_metrics(
     return rows
 
 
+def per_episode_metrics(
+    episodes: Sequence[Any], real: torch.Tensor, generated: torch.Tensor, baseline: torch.Tensor, valid: torch.Tensor, horizons: Sequence[int]
+) -> list[dict[str, Any]]:
+    """Each episode's PSNR over frames 1..h (the model's and copy-last-frame's) at every horizon it reaches, with
+    its dataset index and instruction: two world models evaluated on the same episodes can then be compared
+    episode by episode (a paired difference), not only by their means."""
+    model_psnr, base_psnr = psnr(generated, real), psnr(baseline, real)
+    rows = []
+    for i, episode in enumerate(episodes):
+        reached = [h for h in horizons if bool(valid[i, h - 1])]
+        rows.append({
+            "episode": int(getattr(episode, "index", i)), "instruction": getattr(episode, "instruction", ""),
+            "psnr": {str(h): float(model_psnr[i, :h].mean()) for h in reached},
+            "copy_last_frame_psnr": {str(h): float(base_psnr[i, :h].mean()) for h in reached},
+        })  # fmt: skip
+    return rows
+
+
 def mean_finite(values: torch.Tensor, weights: torch.Tensor) -> float:
     """The ``weights``-weighted mean of the finite ``values`` (NaN when there are none)."""
     finite = torch.isfinite(values)
@@ -182,6 +200,7 @@ def evaluate_world_model(model: WorldModel, episodes: Sequence[Any], horizons: S
     metrics: dict[str, Any] = {
         "horizons": horizon_metrics(real, generated, baseline, valid, usable, other),
         "per_task": per_task_metrics(episodes, real, generated, baseline, valid, usable, other),
+        "per_episode": per_episode_metrics(episodes, real, generated, baseline, valid, usable),
         "skipped_horizons": skipped,
         **feature_metrics_status(),
         "rollout_frames_per_second": rollout_fps,
