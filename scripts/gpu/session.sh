@@ -33,8 +33,8 @@
 # "world_model.context_channels=false": eval-wm and the judge's calibration on its replays; only the first
 # trains the judge and goes on to RL; see worldmodel.sh),
 # WM_FROM (a world-model folder from an earlier lease, vae/ included: the DiT trains on from it, for
-# WM_SECONDS more, on its VAE; no VAE is trained; WM_SECONDS=0: used as it is, and the judge, then RL, start
-# ~4 minutes earlier), CARRY (a folder: once trained, the DiT and the VAE
+# WM_SECONDS more, on its VAE; no VAE is trained; WM_SECONDS=0: used as it is, so the judge, then RL, need not
+# wait for a DiT to train: ~4 minutes earlier by the thirteenth session's timeline, not measured yet), CARRY (a folder: once trained, the DiT and the VAE
 # trained here are packed there in 15 MB parts; poll calls copy them to the device's OUT, at most three
 # parts per call (a call returns ~64 MB at most: the eighth session lost its fifth part), and
 # the next lease unpacks them: `unpack wm.parts.json /root/wm`, then `unpack vae.parts.json /root/wm/vae`),

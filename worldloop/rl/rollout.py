@@ -296,13 +296,14 @@ def replay(env: Any, first: EnvReset, real: Rollout) -> Replay:
     executed = torch.cat([torch.ones_like(real.done[:, :1]), ~real.done[:, :-1]], dim=1)  # (N, T): chunk t ran in reality
     success = torch.zeros_like(executed[:, 0])
     probability = torch.zeros(executed.shape, device=success.device)
-    images = [first.frames.to(success.device)]
+    observation, images = first.frames, []
     for t in range(real.actions.shape[1]):
+        images.append(observation.to(success.device))
         step = env.step(real.actions[:, t].to(env.device))
         success |= step.success.any(dim=1).to(success.device) & executed[:, t]
         probability[:, t] = env.verdicts.probability.to(success.device) * executed[:, t]
-        images.append(step.frames[:, -1].to(success.device))
-    return Replay(success, probability, torch.stack(images[:-1], dim=1))
+        observation = step.frames[:, -1]
+    return Replay(success, probability, torch.stack(images, dim=1))
 
 
 def trajectory_tracking(real: Rollout, imagined: Rollout, tasks: Sequence[str]) -> list[dict[str, Any]]:
