@@ -13,7 +13,7 @@ from worldloop.cli import main
 from worldloop.config import load_config
 from worldloop.loop import STAGES_DIR, Inputs, plan, run_loop
 
-OVERRIDES = ["loop.eval_episodes_per_task=1", "rl.iterations=1"]
+OVERRIDES = ["loop.eval_episodes_per_task=1", "rl.iterations=1", "rl.refine_every=1", "rl.refine_episodes_per_task=1", "rl.refine_steps=2"]
 
 
 def test_plan_skips_what_the_user_brings(tmp_path):
@@ -55,6 +55,9 @@ def test_loop_runs_every_stage_resumes_and_reports(tmp_path, capsys):
     stages = [s.name for s in plan(config, run, Inputs())[0]]
     assert sorted(p.stem for p in (run / STAGES_DIR).glob("*.json")) == sorted(stages)
     assert (run / "rl2" / "policy" / "model.safetensors").is_file()
+    # the world model learnt from the policy's real rollouts within RL (one per task), as its clips on disk say
+    refined = json.loads((run / "rl1" / "results.json").read_text())["history"][0]
+    assert refined["world_model/refine_real_episodes"] == 2 and (run / "rl1" / "refine" / "round_000001.safetensors").is_file(), refined
     rollouts = json.loads((run / "rollouts_base" / "summary.json").read_text())["overall"]
     assert rollouts["episodes"] > 0 and rollouts["noisy"]["episodes"] == 0  # a policy's rollouts are not a noisy expert's
 

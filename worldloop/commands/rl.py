@@ -17,6 +17,8 @@ from the same initial states, in imagination (the imagination-reality gap), and 
 judge on the real episodes' frames, and the world model replaying their actions open loop. RUN holds config.yaml,
 tb/ (TensorBoard), checkpoints/ (rerun to resume), results.json, results.md, curves.png, policy/ (final)
 and videos/ (real | replay of its actions in the world model | imagined, from the same initial state at each evaluation).
+With rl.refine_every > 0 the world model also learns, every that many iterations, from the policy's own real
+rollouts (rl.refine_episodes_per_task per task; OUT/refine keeps their clips).
 Example: worldloop rl --policy runs/sft --world-model runs/wm --judge runs/rw --dataset runs/data \\
          --keyframes runs/data/keyframes --out runs/rl rl.iterations=50"""
 
@@ -41,6 +43,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
             raise ConfigError(f"--env imagined needs {', '.join(missing)}")
         if rl.kir_ratio > 0 and not args.keyframes:
             raise ConfigError(f"rl.kir_ratio={rl.kir_ratio} but no --keyframes: pass a folder from `worldloop kir`, or set rl.kir_ratio=0")
+    elif rl.refine_every > 0:
+        raise ConfigError(f"rl.refine_every={rl.refine_every} refines the world model of --env imagined; --env real has none to refine")
     elif args.keyframes or args.dataset:
         raise ConfigError("--keyframes and --dataset have no use with --env real (the simulator starts from its own initial states); "
                           "--world-model and --judge, when given, measure the imagination-reality gap")
@@ -119,7 +123,12 @@ def run(args: argparse.Namespace, config: Config) -> int:
                 calibration = RealityCheck(real_env, eval_tasks, rl.eval_episodes_per_task, gap_env, others, config.eval.temperature, config.eval.greedy)
                 calibrate_threshold(calibration, policy, judge, rl.judge_threshold_tolerance_se, Path(args.out) / "judge_calibration.json")
 
-        results = train(policy, env, rl, args.out, seed=config.seed, tasks=tasks, reality_check=check, progress_bar=not args.no_progress)
+        refiner = None
+        if args.env == "imagined" and rl.refine_every > 0:
+            refiner = world_model_refiner(config, world_model, dataset, train_sim_tasks, args.out)
+            closers.append(refiner.real_env)
+        results = train(policy, env, rl, args.out, seed=config.seed, tasks=tasks, reality_check=check, refiner=refiner,
+                        progress_bar=not args.no_progress)  # fmt: skip
     finally:
         for env in closers:
             env.close()
@@ -177,6 +186,26 @@ def calibrate_threshold(calibration, policy, judge, tolerance_se: float, path) -
               f"(kappa {kappa(after)}): no threshold lets this judge tell the starting policy's successes from its failures in "
               "this world model, so RL's reward will be noise. Check the replays (`calibrate-reward --world-model` on the "
               "policy's rollouts), a lower rl.success_chunks, or other tasks")  # fmt: skip
+
+
+def world_model_refiner(config: Config, world_model, dataset, tasks: list[str], out: str):
+    """rl.refine_every: the world model learns from the policy's real rollouts on ``tasks`` during RL, and keeps
+    the dataset's training episodes of those tasks (the world model's split) in view."""
+    from worldloop.data.dataset import split_episodes
+    from worldloop.rl.refine import MAX_DATASET_EPISODES_PER_TASK, WorldModelRefiner
+    from worldloop.sims import make_env
+
+    train_indices, _ = split_episodes(dataset, held_out_fraction=config.world_model.held_out_fraction, seed=config.seed)
+    wanted = {instruction_of(task): MAX_DATASET_EPISODES_PER_TASK for task in tasks}
+    task_of, chosen = dataset.task_indices, []
+    for index in train_indices:
+        instruction = dataset.tasks[task_of[index]]
+        if wanted.get(instruction, 0) > 0:
+            wanted[instruction] -= 1
+            chosen.append(index)
+    real_env = make_env(config, len(tasks) * config.rl.refine_episodes_per_task, tasks=tasks)
+    return WorldModelRefiner(world_model, real_env, tasks, list(dataset.episodes(chosen)), config.rl, config.world_model, out,
+                             seed=config.seed, seed_offset=config.eval.seed_offset)  # fmt: skip
 
 
 def imagined_env(config: Config, world_model, judge, dataset, keyframes: str | None, num_envs: int, group_size: int, max_steps: int, device, kir_ratio: float | None = None):

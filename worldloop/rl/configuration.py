@@ -96,6 +96,20 @@ class RLConfig:
     eval_videos_per_task: int = 1
     """Real | imagined mp4s per task at each evaluation (one frame per chunk, the same initial state),
     written to OUT/videos/iteration_<i>_<task>_<n>.mp4; 0: none."""
+    refine_every: int = 0
+    """PACE within one run: every this many iterations the policy runs rl.refine_episodes_per_task real episodes
+    per training task (sampled at rl.train_temperature, initial states apart from the evaluations'), and the
+    world model's DiT trains rl.refine_steps steps on them, half of each batch (the other half: the dataset's
+    training episodes of those tasks), so that it learns what the evolved policy's actions really do before RL
+    exploits what it renders wrongly (the thirteenth H200 session: replay kappa 0.50 -> -0.20 on door-open
+    while real success fell; worldloop/rl/refine.py). It spends real episodes; OUT/refine keeps their clips.
+    0: never, RL in imagination alone (--env imagined only)."""
+    refine_episodes_per_task: int = 8
+    """Real episodes per training task in each refinement round."""
+    refine_steps: int = 200
+    """DiT optimizer steps per refinement round (batches of world_model.batch_size clips)."""
+    refine_lr: float = 1e-4
+    """AdamW learning rate of the refinement (constant; train-wm's schedule ends at 10 % of world_model.lr)."""
     time_limit_min: float = 0.0
     """Wall-clock budget of the training loop in minutes: past it, the current iteration is the last
     (final evaluation, checkpoint and policy as usual); 0: no limit."""
@@ -145,6 +159,8 @@ class RLConfig:
             raise ValueError("0 < gamma <= 1 and 0 <= gae_lambda <= 1 are required")
         if min(self.eval_every, self.eval_episodes_per_task, self.eval_videos_per_task) < 0:
             raise ValueError("eval_every, eval_episodes_per_task and eval_videos_per_task must be >= 0")
+        if self.refine_every < 0 or self.refine_episodes_per_task < 1 or self.refine_steps < 0 or self.refine_lr <= 0:
+            raise ValueError("refine_every >= 0, refine_episodes_per_task >= 1, refine_steps >= 0 and refine_lr > 0 are required")
         if self.checkpoint_every < 1 or self.keep_checkpoints < 1:
             raise ValueError("checkpoint_every >= 1 and keep_checkpoints >= 1 are required")
         if self.kir_lead_frames < 0 or self.kir_max_per_episode < 1:

@@ -45,6 +45,9 @@ class Rollout:
     """(N,) value of the observation after the last chunk."""
     actions: torch.Tensor | None = None
     """(N, T, K, A) the action chunks sent to the environment (what a world model replays)."""
+    frames: torch.Tensor | None = None
+    """(N, T * K, H, W, 3) uint8 on the CPU: the observation after every action (``collect(keep_frames=True)``:
+    what a world model trains on)."""
 
     @property
     def success_once(self) -> torch.Tensor:
@@ -73,14 +76,15 @@ def check_compatible(policy: Any, env: VecEnv, where: str = "environment") -> No
 
 
 @torch.no_grad()
-def collect(policy: Any, env: VecEnv, first: EnvReset, temperature: float = 1.0, greedy: bool = False) -> Rollout:
+def collect(policy: Any, env: VecEnv, first: EnvReset, temperature: float = 1.0, greedy: bool = False, keep_frames: bool = False) -> Rollout:
     """Run every episode of ``env`` (already reset to ``first``) until all have ended or the time
-    limit, the policy sampling at ``temperature`` (or greedy); everything is kept on the policy's device."""
+    limit, the policy sampling at ``temperature`` (or greedy); everything is kept on the policy's device,
+    but for the frame after every action, kept on the CPU with ``keep_frames``."""
     device = policy_device(policy)
     num_chunks = math.ceil(env.max_steps / env.chunk_size)
     instructions = list(first.instructions)
     observation = first.frames
-    images, actions, tokens, log_probs, values, rewards, done, truncated, success = ([] for _ in range(9))
+    images, actions, tokens, log_probs, values, rewards, done, truncated, success, frames = ([] for _ in range(10))
     for _ in range(num_chunks):
         with autocast(device):
             out = policy.act(observation, instructions, temperature=temperature, greedy=greedy)
@@ -96,6 +100,8 @@ def collect(policy: Any, env: VecEnv, first: EnvReset, temperature: float = 1.0,
         done.append(step.done[:, -1].to(device))
         truncated.append(step.truncated.to(device))
         success.append(step.success.any(dim=1).to(device))
+        if keep_frames:
+            frames.append(step.frames.cpu())
         observation = step.frames[:, -1]
         if bool(step.done[:, -1].all()):
             break
@@ -119,6 +125,7 @@ def collect(policy: Any, env: VecEnv, first: EnvReset, temperature: float = 1.0,
         values=torch.stack(values, dim=1) if values else None,
         last_values=last_values,
         actions=torch.stack(actions, dim=1),
+        frames=torch.cat(frames, dim=1) if keep_frames else None,
     )
 
 

@@ -11,7 +11,9 @@ One iteration, top to bottom:
 5. update: several epochs of shuffled minibatches of valid chunks, gradient clipping, AdamW whose
    learning rate warms up linearly over the first optimizer steps; optionally stopped early once a
    minibatch's approx_kl exceeds ``target_kl``;
-6. every ``eval_every`` iterations, the reality check: real-simulator success and imagined
+6. every ``refine_every`` iterations, when a refiner is given (:mod:`worldloop.rl.refine`), the world model
+   learns from the policy's own real rollouts;
+7. every ``eval_every`` iterations, the reality check: real-simulator success and imagined
    success from the same initial states, and where their gap comes from; atomic checkpoints
    that resume exactly.
 
@@ -51,12 +53,16 @@ def train(
     seed: int = 0,
     tasks: list[int | str] | None = None,
     reality_check: Callable[[Any, str], dict[str, Any]] | None = None,
+    refiner: Any | None = None,
     console: bool = True,
     progress_bar: bool = True,
 ) -> dict[str, Any]:
     """Train ``policy`` (a torch module with the Policy protocol) in ``env`` for ``rl.iterations``
     iterations, writing TensorBoard logs, checkpoints, ``results.json`` and the final policy folder
     (``out/policy``) under ``out``. Reruns with the same ``out`` resume from the latest checkpoint.
+    ``refiner``: called as ``refiner(policy, iteration)`` every ``rl.refine_every`` iterations, returning
+    metrics; its ``modules`` and ``stateful`` are checkpointed with the policy's, and ``restore(iteration)``
+    rebuilds the rest on resume (:class:`worldloop.rl.refine.WorldModelRefiner`).
     ``console``: one line of metrics per iteration and per evaluation; ``progress_bar``: a tqdm bar."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -72,14 +78,18 @@ def train(
     optimizer = torch.optim.AdamW(parameters, lr=rl.lr, weight_decay=rl.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / rl.lr_warmup_steps) if rl.lr_warmup_steps else 1.0)
     reference = copy.deepcopy(policy).eval().requires_grad_(False) if rl.kl_coef > 0 else None
+    refining = refiner is not None and rl.refine_every > 0
+    modules = {"policy": policy} | ({"reference": reference} if reference is not None else {}) | (refiner.modules if refining else {})
+    stateful = {"optimizer": optimizer, "scheduler": scheduler} | (refiner.stateful if refining else {})
 
     start, history, evaluations = 0, [], []
     warnings, silent = [], 0  # silent: consecutive GRPO iterations in which every group was filtered out
     checkpoint = latest_checkpoint(out)
     if checkpoint is not None:
-        modules = {"policy": policy} | ({"reference": reference} if reference is not None else {})
-        start, extra = load_checkpoint(checkpoint, modules, {"optimizer": optimizer, "scheduler": scheduler})
+        start, extra = load_checkpoint(checkpoint, modules, stateful)
         history, evaluations = extra["history"], extra["evaluations"]
+        if refining:
+            refiner.restore(start)
     writer = SummaryWriter(str(out / "tb"), purge_step=start)
 
     def warn(iteration: int, message: str, once: bool = True) -> None:
@@ -231,6 +241,10 @@ def train(
         metrics["actor/update_steps"] = float(update_steps)
         metrics["time/update"] = time.perf_counter() - update_began
 
+        # 6. The world model learns what the updated policy really does, before RL can exploit what it renders wrongly.
+        if refining and (iteration + 1) % rl.refine_every == 0:
+            metrics |= refiner(policy, iteration + 1)
+
         # Metrics of this iteration.
         used_advantages = advantages[keep[:, None] & mask] if ppo else advantages[keep, 0]  # PPO: per chunk; GRPO: per trajectory
         metrics |= {
@@ -268,18 +282,18 @@ def train(
         if console:
             shown = ("env/success_once", "env/return", "env/episode_len", "rollout/kept_groups", "actor/policy_loss", "actor/approx_kl_before_update",
                      "actor/approx_kl", "actor/clip_fraction", "actor/entropy", "actor/grad_norm", "actor/update_steps",
-                     "critic/value_loss", "time/iteration")  # fmt: skip
+                     "critic/value_loss", "world_model/refine_real_success", "world_model/refine_loss_new_before",
+                     "world_model/refine_loss_new_after", "time/iteration")  # fmt: skip
             tqdm.write(f"it {iteration + 1}: " + " ".join(f"{name} {metrics[name]:.4g}" for name in shown if name in metrics))
 
-        # 6. The reality check and atomic checkpoints.
+        # 7. The reality check and atomic checkpoints.
         done_iterations = iteration + 1
         out_of_time = rl.time_limit_min > 0 and time.perf_counter() - loop_began > 60 * rl.time_limit_min
         last = done_iterations == rl.iterations or out_of_time
         if reality_check is not None and (last or (rl.eval_every and done_iterations % rl.eval_every == 0)):
             evaluate(done_iterations)
         if last or done_iterations % rl.checkpoint_every == 0:
-            modules = {"policy": policy} | ({"reference": reference} if reference is not None else {})
-            save_checkpoint(out, done_iterations, modules, {"optimizer": optimizer, "scheduler": scheduler}, {"history": history, "evaluations": evaluations}, keep=rl.keep_checkpoints)
+            save_checkpoint(out, done_iterations, modules, stateful, {"history": history, "evaluations": evaluations}, keep=rl.keep_checkpoints)
         if out_of_time:
             if console:
                 tqdm.write(f"rl: time limit of {rl.time_limit_min} min reached after {done_iterations} iterations")
@@ -429,7 +443,7 @@ def world_model_exploited_diagnosis(first: dict[str, Any], result: dict[str, Any
                     f"and it now says {replayed:.2f} where the simulator says {real:.2f}: RL has moved the policy to actions that the "
                     "world model renders as successes and reality does not. Hold the policy near the actions the world model knows "
                     "(rl.kl_coef > 0, a lower rl.lr, fewer iterations) or refine the world model on the evolved policy's real rollouts "
-                    "(PACE: `worldloop loop`)")  # fmt: skip
+                    "(rl.refine_every within this run, or PACE between runs: `worldloop loop`)")  # fmt: skip
     return ""
 
 

@@ -389,23 +389,7 @@ def train_world_model(
                 x0[chosen, :, 1] = self_forced_memory(dit, latents_all, normalised_all, previous_all, index[chosen],
                                                       config.self_forcing_chunks, self_forcing_sigmas, generator)  # fmt: skip
                 self_forced += int(chosen.sum())
-        context, future = x0[:, :, :2], x0[:, :, 2:]
-        # rectified flow on the future latents
-        sigma = shift_sigmas(torch.rand(batch, device=device, generator=generator), config.shift)
-        noise = torch.randn(future.shape, device=device, generator=generator)
-        s = sigma.view(-1, 1, 1, 1, 1)
-        noisy_future = (1 - s) * future + s * noise
-        # context-noise augmentation on the non-reference context latents
-        context_sigma = torch.rand(batch, 2, device=device, generator=generator) * config.context_noise
-        if config.reference_frame:
-            context_sigma[:, 0] = 0.0
-        context_noise = torch.randn(context.shape, device=device, generator=generator)
-        cs = context_sigma.view(batch, 1, 2, 1, 1)
-        noisy_context = (1 - cs) * context + cs * context_noise
-        sigmas = torch.cat([context_sigma, sigma[:, None].expand(-1, future.shape[2])], dim=1)  # (B, 4)
-        with autocast(device):
-            velocity = dit(torch.cat([noisy_context, noisy_future], dim=2), sigmas, actions)
-        loss = F.mse_loss(velocity[:, :, 2:].float(), noise - future)
+        loss = flow_matching_loss(dit, x0, actions, config, generator)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(dit.parameters(), config.grad_clip)
@@ -437,6 +421,31 @@ def train_world_model(
                                              "train_seconds_this_run": time.time() - budget.started,
                                              "parameters_millions": sum(p.numel() for p in ema.parameters()) / 1e6})  # fmt: skip
     return model
+
+
+def flow_matching_loss(dit, x0: torch.Tensor, actions: torch.Tensor, config: WorldModelConfig, generator: torch.Generator) -> torch.Tensor:
+    """The DiT's rectified-flow loss on clips ``x0`` (B, C, 4, h, w) [reference, memory, future, future]
+    with normalised ``actions`` (B, 13, A): the future latents are noised to ``(1 - sigma) x0 + sigma eps``
+    (sigma time-shifted), the memory latent lightly (context-noise augmentation, up to
+    ``config.context_noise``; the reference stays clean when it is the first frame), and the DiT's
+    velocity is regressed on ``eps - x0`` over the future slots."""
+    batch = x0.shape[0]
+    device = x0.device
+    context, future = x0[:, :, :2], x0[:, :, 2:]
+    sigma = shift_sigmas(torch.rand(batch, device=device, generator=generator), config.shift)
+    noise = torch.randn(future.shape, device=device, generator=generator)
+    s = sigma.view(-1, 1, 1, 1, 1)
+    noisy_future = (1 - s) * future + s * noise
+    context_sigma = torch.rand(batch, 2, device=device, generator=generator) * config.context_noise
+    if config.reference_frame:
+        context_sigma[:, 0] = 0.0
+    context_noise = torch.randn(context.shape, device=device, generator=generator)
+    cs = context_sigma.view(batch, 1, 2, 1, 1)
+    noisy_context = (1 - cs) * context + cs * context_noise
+    sigmas = torch.cat([context_sigma, sigma[:, None].expand(-1, future.shape[2])], dim=1)  # (B, 4)
+    with autocast(device):
+        velocity = dit(torch.cat([noisy_context, noisy_future], dim=2), sigmas, actions)
+    return F.mse_loss(velocity[:, :, 2:].float(), noise - future)
 
 
 def self_forced_memory(

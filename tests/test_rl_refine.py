@@ -1,0 +1,115 @@
+"""Refining the world model on the policy's real rollouts during RL: the episodes, one round, resume."""
+
+import math
+
+import pytest
+import torch
+from _rl_fixtures import ToyPolicy
+from _worldmodel_fixtures import square_episodes
+from test_rl_env import make_pool
+
+from worldloop.envs.imagined import ImaginedEnv
+from worldloop.envs.toy import ToyEnv, ToyJudge, ToyWorldModel
+from worldloop.rl.configuration import RLConfig
+from worldloop.rl.refine import WorldModelRefiner, refine_seed, rollout_episodes
+from worldloop.rl.rollout import collect
+from worldloop.rl.trainer import train
+from worldloop.worldmodel import vae as vae_lib
+from worldloop.worldmodel.configuration import VAEConfig, WorldModelConfig
+from worldloop.worldmodel.rollout import WorldModel
+from worldloop.worldmodel.train import latent_statistics
+
+TASK = "reach-top-right"
+CPU = torch.device("cpu")
+CLIPS = WorldModelConfig(batch_size=4, clip_stride=4, sampling_steps=1)
+
+
+@pytest.fixture(scope="module")
+def vae():
+    torch.manual_seed(0)
+    model = vae_lib.build_vae(VAEConfig()).eval()
+    mean, std = latent_statistics(model, square_episodes(4, seed=9), CPU, clips=8)
+    model.register_to_config(latents_mean=mean, latents_std=std)
+    return model
+
+
+def refiner_for(vae, folder, steps: int = 10, per_task: int = 4) -> WorldModelRefiner:
+    torch.manual_seed(1)
+    world_model = WorldModel.build(CLIPS, vae, 32, 2, device="cpu")
+    rl = RLConfig(refine_every=1, refine_episodes_per_task=per_task, refine_steps=steps, refine_lr=1e-3)
+    known = square_episodes(2, seed=1, length=24)  # the scenes it knew: another world of the same size
+    return WorldModelRefiner(world_model, ToyEnv(per_task, max_steps=32), [TASK], known, rl, CLIPS, folder, seed=0)
+
+
+def test_rollout_episodes_pair_each_frame_with_the_action_taken_from_it():
+    torch.manual_seed(0)
+    env = ToyEnv(16, max_steps=32, speed=0.3)  # fast: some episodes end early
+    first = env.reset([TASK] * 16, list(range(16)))
+    rollout = collect(ToyPolicy(), env, first, keep_frames=True)
+    episodes = rollout_episodes(first, rollout)
+    lengths = rollout.elapsed.tolist()
+    assert [len(e.actions) for e in episodes] == [len(e.frames) for e in episodes] == lengths and min(lengths) < max(lengths)
+    for i, episode in enumerate(episodes):
+        assert torch.equal(torch.as_tensor(episode.frames[0]), first.frames[i])
+        assert torch.equal(torch.as_tensor(episode.frames[1:]), rollout.frames[i, : lengths[i] - 1])  # the frame after action t - 1
+        assert torch.equal(torch.as_tensor(episode.actions), rollout.actions[i].flatten(0, 1)[: lengths[i]])
+    with pytest.raises(ValueError, match="keep_frames"):
+        rollout_episodes(first, collect(ToyPolicy(), env, env.reset([TASK] * 16, list(range(16)))))
+
+
+def test_refinement_seeds_stay_apart_from_evaluation_and_collection_seeds():
+    from worldloop.policies.evaluate import eval_seed
+    from worldloop.sims.tasks import ALL_TASKS
+
+    offset = 2**31
+    evaluation = {eval_seed(task, e, offset) for task in ALL_TASKS for e in range(1000)}
+    refinement = {refine_seed(position, e, offset) for position in range(10) for e in (0, 1, 99_999)}
+    assert len(refinement) == 30 and not refinement & evaluation and min(refinement) >= offset
+    with pytest.raises(ValueError, match="at most"):
+        refine_seed(0, 100_000, offset)
+
+
+def test_a_round_teaches_the_world_model_the_policys_rollouts_and_a_resumed_run_rebuilds_it(vae, tmp_path):
+    refiner = refiner_for(vae, tmp_path, steps=15)
+    before = [p.detach().clone() for p in refiner.world_model.dit.parameters()]
+    torch.manual_seed(2)
+    metrics = refiner(ToyPolicy(), 1)
+    # its loss on the new clips, on the same noise, falls
+    assert metrics["world_model/refine_loss_new_after"] < metrics["world_model/refine_loss_new_before"], metrics
+    assert 0.0 <= metrics["world_model/refine_real_success"] <= 1.0 and metrics["world_model/refine_real_episodes"] == 4
+    assert metrics["world_model/refine_clips"] > 0 and math.isfinite(metrics["world_model/refine_loss"])
+    # the imagined environment's DiT now holds the refined weights
+    after = list(refiner.world_model.dit.parameters())
+    assert not all(torch.equal(a, b) for a, b in zip(before, after))
+    assert all(torch.equal(a, b) for a, b in zip(after, refiner.master.parameters()))
+    assert (tmp_path / "refine" / "round_000001.safetensors").is_file()
+
+    # a resumed run: the checkpoint gives the weights, restore() the rounds up to the checkpoint's iteration
+    resumed = refiner_for(vae, tmp_path)
+    resumed.master.load_state_dict(refiner.master.state_dict())
+    resumed.restore(0)
+    assert resumed.rounds == []
+    resumed.restore(1)
+    assert len(resumed.rounds) == 1 and torch.equal(resumed.rounds[0]["latents"], refiner.rounds[0]["latents"])
+    assert all(torch.equal(a, b) for a, b in zip(resumed.world_model.dit.parameters(), refiner.master.parameters()))
+
+
+def test_refining_rl_resumes_exactly(vae, tmp_path):
+    def run(folder, iterations):
+        torch.manual_seed(0)
+        policy = ToyPolicy()
+        refiner = refiner_for(vae, folder, steps=3)
+        rl = RLConfig(iterations=iterations, group_size=4, num_groups=2, max_steps=16, lr=3e-3, train_temperature=1.0, checkpoint_every=1,
+                      refine_every=1, refine_episodes_per_task=4, refine_steps=3, refine_lr=1e-3)  # fmt: skip
+        env = ImaginedEnv(ToyWorldModel(), ToyJudge(), make_pool(32, 3), 8, 4, max_steps=16, kir_ratio=0.3)
+        return train(policy, env, rl, folder, seed=3, refiner=refiner, console=False), refiner
+
+    straight, straight_refiner = run(tmp_path / "a", 2)
+    run(tmp_path / "b", 1)
+    resumed, resumed_refiner = run(tmp_path / "b", 2)
+    assert [h["iteration"] for h in straight["history"]] == [1, 2]
+    for name in ("world_model/refine_loss", "world_model/refine_loss_new_before", "world_model/refine_real_success", "env/success_once"):
+        assert resumed["history"][1][name] == straight["history"][1][name], name
+    assert all(torch.equal(a, b) for a, b in zip(straight_refiner.master.parameters(), resumed_refiner.master.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(straight_refiner.world_model.dit.parameters(), resumed_refiner.world_model.dit.parameters()))
+    assert resumed["history"][1]["world_model/refine_real_episodes"] == 8  # two rounds of 4

@@ -1,0 +1,200 @@
+"""Refining the world model on the evolving policy's real rollouts, within one RL run (PACE inside `rl`).
+
+RL in imagination moves the policy towards actions the world model has not seen, and where the world
+model renders those wrongly, RL exploits it: in the thirteenth H200 session the world model replaying
+the policy's real door-open actions agreed with the simulator at kappa 0.50 before RL and -0.20 after 44
+iterations, while real success fell 0.46 -> 0.13 (docs/results.md). WoVR's answer is PACE: let the world
+model see what the evolved policy really does. `worldloop loop` does it between whole RL stages; this
+does it every ``rl.refine_every`` iterations of one run:
+
+1. the policy runs ``rl.refine_episodes_per_task`` real episodes per training task, sampled at the
+   training temperature (the actions RL is exploring), from initial states apart from the evaluations';
+2. their clips are encoded with the world model's VAE, as ``train-wm`` encodes a dataset's, and kept
+   (``OUT/refine/round_<iteration>.safetensors``, so a resumed run rebuilds the same buffer);
+3. the DiT (an fp32 copy: the inference copy is bf16 on the GPU, too coarse for small steps) takes
+   ``rl.refine_steps`` AdamW steps of its own flow-matching loss on batches drawn half from every round's
+   rollouts so far, half from the dataset's training episodes of the same tasks (what it knew, so that it
+   does not forget the scenes), and its weights replace the imagined environment's.
+
+Each round reports the real success of the rollouts (the training policy, in reality) and the DiT's loss
+on the new clips before and after the round, on the same noise: how surprised it was by the policy.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from worldloop.envs.protocol import EnvReset, VecEnv
+from worldloop.rl.configuration import RLConfig
+from worldloop.rl.rollout import Rollout, collect
+from worldloop.worldmodel.configuration import WorldModelConfig
+
+REFINE = "refine"
+MAX_DATASET_EPISODES_PER_TASK = 50  # the "what it knew" half: enough scenes per task, a bounded encoding cost
+
+
+@dataclass
+class RealEpisode:
+    """One real episode as the world model's training reads it: row t pairs the frame before action t with it."""
+
+    frames: np.ndarray  # (T, H, W, 3) uint8
+    actions: np.ndarray  # (T, A) float32
+
+
+def rollout_episodes(first: EnvReset, rollout: Rollout) -> list[RealEpisode]:
+    """The episodes of a ``collect(keep_frames=True)`` rollout, each cut at its last executed action."""
+    if rollout.frames is None or rollout.actions is None:
+        raise ValueError("rollout_episodes needs a rollout collected with keep_frames=True")
+    frames = torch.cat([first.frames.cpu()[:, None], rollout.frames], dim=1).numpy()  # (N, T*K + 1, H, W, 3)
+    actions = rollout.actions.flatten(1, 2).float().cpu().numpy()  # (N, T*K, A)
+    return [RealEpisode(frames[i, :length], actions[i, :length]) for i, length in enumerate(rollout.elapsed.tolist())]
+
+
+def refine_seed(task_position: int, episode: int, seed_offset: int) -> int:
+    """Simulator seed of refinement episode ``episode`` of the refiner's task at ``task_position``: above the
+    evaluation seeds (``seed_offset + 1000 * (task's Meta-World index) + e``, see
+    :func:`worldloop.policies.evaluate.eval_seed`) and the collection seeds (below ``seed_offset``)."""
+    if not 0 <= episode < 100_000:
+        raise ValueError(f"refinement episode {episode}: at most 100000 per task")
+    return seed_offset + 1_000_000 + 100_000 * task_position + episode
+
+
+class WorldModelRefiner:
+    """``refiner(policy, iteration)`` runs one refinement round and returns its metrics; ``modules`` and
+    ``stateful`` go into RL's checkpoints, and ``restore(iteration)`` rebuilds the state a resumed run had."""
+
+    def __init__(
+        self,
+        world_model: Any,
+        real_env: VecEnv,
+        tasks: Sequence[str],
+        dataset_episodes: Sequence[Any],
+        rl: RLConfig,
+        world_model_config: WorldModelConfig,
+        out: str | Path,
+        seed: int = 0,
+        seed_offset: int = 2**31,
+    ):
+        per_task = rl.refine_episodes_per_task
+        if real_env.num_envs != len(tasks) * per_task:
+            raise ValueError(f"the refinement's real environment has {real_env.num_envs} envs; {len(tasks)} tasks x rl.refine_episodes_per_task {per_task} are needed")
+        self.world_model, self.real_env, self.tasks, self.rl = world_model, real_env, list(tasks), rl
+        self.dataset_episodes = list(dataset_episodes)
+        self.out, self.seed, self.seed_offset = Path(out) / REFINE, seed, seed_offset
+        # the clips as the world model was trained on them (its chunk, memory and anchoring travel with it)
+        spec = world_model.spec
+        self.clip_config = dataclasses.replace(world_model_config, chunk_size=int(spec["chunk_size"]), memory_frames=int(spec["memory_frames"]),
+                                               reference_frame=bool(spec["reference_frame"]))  # fmt: skip
+        self.device = world_model.device
+        self.master = copy.deepcopy(world_model.dit).float().eval()
+        self.optimizer = torch.optim.AdamW(self.master.parameters(), lr=rl.refine_lr, weight_decay=world_model_config.weight_decay, betas=(0.9, 0.99))
+        self.modules = {"world_model": self.master}
+        self.stateful = {"world_model_optimizer": self.optimizer}
+        self.rounds: list[dict[str, torch.Tensor]] = []  # every round's clips: latents (M, C, 4, h, w), actions (M, 13, A) raw
+        self.known: dict[str, torch.Tensor] | None = None  # the dataset's clips of the training tasks, encoded once
+
+    def restore(self, iteration: int) -> None:
+        """After loading a checkpoint of ``iteration``: the rounds saved up to it, and the DiT's refined weights in use."""
+        from safetensors.torch import load_file
+
+        self.rounds = [load_file(path) for path in sorted(self.out.glob("round_*.safetensors")) if int(path.stem.split("_")[1]) <= iteration]
+        self._publish()
+
+    def __call__(self, policy: Any, iteration: int) -> dict[str, float]:
+        from safetensors.torch import save_file
+
+        from worldloop.utils.io import atomic_path
+        from worldloop.worldmodel.train import encode_clips
+
+        began = time.perf_counter()
+        episodes, success = self._real_rollouts(policy, iteration)
+        reality = {"world_model/refine_real_success": success,
+                   "world_model/refine_real_episodes": float(iteration // self.rl.refine_every * self.real_env.num_envs),  # spent so far
+                   "time/refine_collect": time.perf_counter() - began}  # fmt: skip
+        # an episode that succeeds within one chunk gives no clip; a round can have none
+        episodes = [e for e in episodes if len(e.actions) > self.clip_config.chunk_size]
+        if not episodes:
+            return reality | {"time/refine": time.perf_counter() - began}
+        clips = encode_clips(self.world_model.vae, episodes, self.clip_config, self.device, seed=self.seed + iteration)
+        clips = {"latents": clips["latents"], "actions": clips["actions"]}
+        with atomic_path(self.out / f"round_{iteration:06d}.safetensors") as tmp:
+            save_file({k: v.contiguous() for k, v in clips.items()}, str(tmp))
+        self.rounds.append(clips)
+        if self.known is None and self.dataset_episodes:
+            known = encode_clips(self.world_model.vae, self.dataset_episodes, self.clip_config, self.device, seed=self.seed)
+            self.known = {"latents": known["latents"], "actions": known["actions"]}
+
+        generator = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + iteration)
+        before = self._loss_on(clips, iteration)
+        mean_loss = self._train(generator)
+        after = self._loss_on(clips, iteration)
+        self._publish()
+        return reality | {
+            "world_model/refine_clips": float(sum(len(r["latents"]) for r in self.rounds)),
+            "world_model/refine_loss": mean_loss,
+            "world_model/refine_loss_new_before": before,
+            "world_model/refine_loss_new_after": after,
+            "time/refine": time.perf_counter() - began,
+        }
+
+    def _real_rollouts(self, policy: Any, iteration: int) -> tuple[list[RealEpisode], float]:
+        per_task = self.rl.refine_episodes_per_task
+        first_episode = (iteration // self.rl.refine_every - 1) * per_task  # round r's episodes follow round r - 1's
+        task_ids = [task for task in self.tasks for _ in range(per_task)]
+        seeds = [refine_seed(position, first_episode + j, self.seed_offset) for position in range(len(self.tasks)) for j in range(per_task)]
+        policy.eval()
+        first = self.real_env.reset(task_ids, seeds)
+        rollout = collect(policy, self.real_env, first, temperature=self.rl.train_temperature, keep_frames=True)
+        return rollout_episodes(first, rollout), float(rollout.success_once.float().mean())
+
+    def _normalised(self, actions: torch.Tensor) -> torch.Tensor:
+        return (actions - self.world_model.action_mean) / self.world_model.action_std
+
+    def _train(self, generator: torch.Generator) -> float:
+        from worldloop.worldmodel.train import flow_matching_loss
+
+        pools = [self._on_device(self.rounds)] + ([self._on_device([self.known])] if self.known is not None else [])
+        batch = self.clip_config.batch_size
+        sizes = [batch - batch // 2, batch // 2] if len(pools) == 2 else [batch]  # half the policy's rollouts, half what it knew
+        losses = []
+        self.master.train()
+        for _ in range(self.rl.refine_steps):
+            picks = [torch.randint(len(latents), (size,), generator=generator, device=self.device) for (latents, _), size in zip(pools, sizes)]
+            latents = torch.cat([pool[0][index] for pool, index in zip(pools, picks)])
+            actions = torch.cat([pool[1][index] for pool, index in zip(pools, picks)])
+            loss = flow_matching_loss(self.master, latents, actions, self.clip_config, generator)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.master.parameters(), self.clip_config.grad_clip)
+            self.optimizer.step()
+            losses.append(float(loss.detach()))
+        self.master.eval()
+        return float(np.mean(losses)) if losses else float("nan")
+
+    def _on_device(self, clips: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(latents, normalised actions) of ``clips`` concatenated, on the world model's device."""
+        latents = torch.cat([c["latents"] for c in clips]).to(self.device)
+        return latents, self._normalised(torch.cat([c["actions"] for c in clips]).to(self.device))
+
+    @torch.no_grad()
+    def _loss_on(self, clips: dict[str, torch.Tensor], iteration: int, count: int = 256) -> float:
+        """The DiT's loss on (up to ``count`` of) ``clips``, on noise fixed by ``iteration``: before and after a round compare."""
+        from worldloop.worldmodel.train import flow_matching_loss
+
+        generator = torch.Generator(device=self.device).manual_seed(iteration)
+        latents, actions = self._on_device([{k: v[:count] for k, v in clips.items()}])
+        return float(flow_matching_loss(self.master, latents, actions, self.clip_config, generator))
+
+    @torch.no_grad()
+    def _publish(self) -> None:
+        """The refined weights into the imagined environment's DiT (in its own dtype)."""
+        for target, source in zip(self.world_model.dit.parameters(), self.master.parameters()):
+            target.copy_(source)
