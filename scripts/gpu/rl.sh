@@ -80,13 +80,6 @@ if history:
     h0, h1 = history[0], history[-1]
     print(f"imagined train success_once: {h0['env/success_once']:.3f} (iteration 1) -> {h1['env/success_once']:.3f} (iteration {h1['iteration']})")
     print(f"seconds per iteration: rollout {h1['time/rollout']:.1f}, update {h1['time/update']:.1f}, total {h1['time/iteration']:.1f}")
-rounds = [h for h in history if "world_model/refine_real_success" in h]  # rl.refine_every: the world model learnt from real rollouts
-if rounds:
-    print(f"world-model refinement, {len(rounds)} rounds ({rounds[-1]['world_model/refine_real_episodes']:.0f} real episodes): iteration, "
-          "real success of the training policy's rollouts, the DiT's loss on their clips before -> after the round, seconds")
-    for h in rounds:
-        print(f"  {h['iteration']}: {h['world_model/refine_real_success']:.3f}, {h.get('world_model/refine_loss_new_before', float('nan')):.4f} -> "
-              f"{h.get('world_model/refine_loss_new_after', float('nan')):.4f}, {h['time/refine']:.0f} s")
 for warning in results.get("warnings", []):
     print(f"warning at iteration {warning['iteration']}: {warning['message']}")
 PYEOF

@@ -135,7 +135,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
     from worldloop.rl.trainer import results_table
 
-    print(results_table(results["evaluations"]), end="")
+    print(results_table(results["evaluations"], results["history"]), end="")
     print(f"final policy: {args.out}/policy; curves: tensorboard --logdir {args.out}/tb")
     return 0
 

@@ -12,7 +12,8 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> Path:
     """Left: real success_once per task (± standard error) at each evaluation, imagined from the same
     initial states dashed, the judge on the real frames (^) and the world model replaying the real actions (x).
     Right: per training iteration, the imagined success_once, the share of groups kept by GRPO and the share
-    that were all-success (the signal RL had). Third: approx_kl, clip_fraction and approx_kl before the update
+    that were all-success (the signal RL had); with rl.refine_every, the real success of each refinement round's
+    rollouts (diamonds). Third: approx_kl, clip_fraction and approx_kl before the update
     (rollout vs update numerics) per iteration, log scale."""
     import matplotlib
 
@@ -45,6 +46,10 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> Path:
         for name, style in (("env/success_once", "-"), ("rollout/kept_groups", "-"), ("rollout/groups_all_success", ":")):
             if all(name in h for h in history):
                 right.plot(steps, [h[name] for h in history], style, label=name)
+        rounds = [h for h in history if "world_model/refine_real_success" in h]  # rl.refine_every: the same policy in reality
+        if rounds:
+            right.plot([h["iteration"] for h in rounds], [h["world_model/refine_real_success"] for h in rounds], "D", color="k",
+                       label="refinement rollouts: real success (training temperature)")  # fmt: skip
         right.legend(fontsize=7)
     right.set(xlabel="RL iteration", ylim=(-0.03, 1.03), title="training rollouts (in the training environment)")
     for name in ("actor/approx_kl", "actor/clip_fraction", "actor/approx_kl_before_update"):

@@ -304,7 +304,7 @@ def train(
     policy.save_pretrained(out / "policy")
     results = {"iterations": len(history), "algorithm": rl.algorithm, "history": history, "evaluations": evaluations, "warnings": warnings}
     atomic_write_json(out / "results.json", results)
-    atomic_write_text(out / "results.md", results_table(evaluations))
+    atomic_write_text(out / "results.md", results_table(evaluations, history))
     plot_curves(results, out / "curves.png")
     return results
 
@@ -481,8 +481,9 @@ def group_starts(tasks: list[int | str], num_groups: int, group_size: int, itera
     return task_ids, seeds
 
 
-def results_table(evaluations: list[dict[str, Any]]) -> str:
-    """Markdown: real and imagined success (± standard error) at each evaluation."""
+def results_table(evaluations: list[dict[str, Any]], history: list[dict[str, Any]] = ()) -> str:
+    """Markdown: real and imagined success (± standard error) at each evaluation; with ``history`` of a run with
+    rl.refine_every, its world-model refinement rounds."""
     lines = ["| iteration | real success_once | imagined success_once | agreement (chance, kappa) |", "|---|---|---|---|"]
     for result in evaluations:
         imagined = _rate(result["imagined"]) if "imagined" in result else "-"
@@ -499,6 +500,15 @@ def results_table(evaluations: list[dict[str, Any]]) -> str:
         lines += ["", "Per task: success, and in brackets the per-episode kappa against the simulator within the task:", "",
                   "| iteration | task | real | judge on real | replay | closed loop |", "|---|---|---|---|---|---|"]
         lines += [row for result in sourced for row in sources_by_task_rows(result)]
+    rounds = [h for h in history if "world_model/refine_real_success" in h]
+    if rounds:
+        lines += ["", "World-model refinement on the policy's real rollouts (rl.refine_every): the DiT's loss on each round's new clips,",
+                  "on the same noise, before and after the round:", "",
+                  "| iteration | real episodes so far | their real success this round | loss before | loss after | seconds |", "|---|---|---|---|---|---|"]
+        for h in rounds:
+            before, after = h.get("world_model/refine_loss_new_before"), h.get("world_model/refine_loss_new_after")  # absent: no clip this round
+            lines.append(f"| {h['iteration']} | {h['world_model/refine_real_episodes']:.0f} | {h['world_model/refine_real_success']:.3f} | "
+                         f"{'-' if before is None else f'{before:.4f}'} | {'-' if after is None else f'{after:.4f}'} | {h['time/refine']:.0f} |")
     return "\n".join(lines) + "\n"
 
 
