@@ -250,6 +250,10 @@ def test_rl_command_refuses_incomplete_input(tmp_path, capsys):
     assert "no --keyframes" in capsys.readouterr().err
     assert main(args + ["rl.kir_ratio=0", "rl.judge_threshold=replay", "rl.eval_episodes_per_task=0"]) == 2
     assert "rl.judge_threshold=replay replays real episodes" in capsys.readouterr().err
+    assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.refine_every=5"]) == 2
+    assert "--env real has none to refine" in capsys.readouterr().err
+    assert main(args + ["rl.refine_every=5", "rl.refine_lr=0"]) == 2
+    assert "refine_lr > 0" in capsys.readouterr().err
     assert main(args + ["--keyframes", "k", "rl.judge_threshold=replay"]) == 2  # complete arguments: on to loading them
     assert "model folder p does not exist" in capsys.readouterr().err
 
