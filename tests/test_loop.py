@@ -56,6 +56,8 @@ def test_loop_runs_every_stage_resumes_and_reports(tmp_path, capsys):
     assert sorted(p.stem for p in (run / STAGES_DIR).glob("*.json")) == sorted(stages)
     assert (run / "rl2" / "policy" / "model.safetensors").is_file()
     # the world model learnt from the policy's real rollouts within RL (one per task), as its clips on disk say
+    wm_evo = next(s.argv for s in plan(config, run, Inputs())[0] if s.name == "wm_evo")
+    assert wm_evo[wm_evo.index("--init") + 1] == str(run / "rl1" / "world_model")  # PACE goes on from the refined model
     refined = json.loads((run / "rl1" / "results.json").read_text())["history"][0]
     assert refined["world_model/refine_real_episodes"] == 2 and (run / "rl1" / "refine" / "round_000001.safetensors").is_file(), refined
     rollouts = json.loads((run / "rollouts_base" / "summary.json").read_text())["overall"]

@@ -113,5 +113,7 @@ def test_refining_rl_resumes_exactly(vae, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(straight_refiner.master.parameters(), resumed_refiner.master.parameters()))
     assert all(torch.equal(a, b) for a, b in zip(straight_refiner.world_model.dit.parameters(), resumed_refiner.world_model.dit.parameters()))
     assert resumed["history"][1]["world_model/refine_real_episodes"] == 8  # two rounds of 4
+    saved = WorldModel.from_pretrained(tmp_path / "a" / "world_model", device="cpu")  # the refined model, for eval-wm or the next run
+    assert all(torch.equal(a, b) for a, b in zip(saved.dit.parameters(), straight_refiner.master.parameters()))
     table = (tmp_path / "a" / "results.md").read_text()
     assert "World-model refinement" in table and table.count("\n| 1 | 4 |") == 1 and table.count("\n| 2 | 8 |") == 1, table

@@ -95,10 +95,12 @@ def plan(config: Config, run: Path, inputs: Inputs) -> tuple[list[Stage], dict[s
                 ["collect", "--out", p["rollouts_evo"], "--policy", f"{p['rl1']}/policy", "--episodes-per-task", str(lp.evo_rollouts_per_task), "--no-progress"],
             )
         )
+        # RL stage 1 with rl.refine_every already refined the world model on its policy's real rollouts: go on from that one
+        start = f"{p['rl1']}/world_model" if config.rl.refine_every > 0 else p["wm_base"]
         stages.append(
             Stage(
                 "wm_evo",
-                ["train-wm", "--dataset", p["rollouts_base"], p["rollouts_evo"], "--vae", p["vae"], "--init", p["wm_base"], "--out", p["wm_evo"]],
+                ["train-wm", "--dataset", p["rollouts_base"], p["rollouts_evo"], "--vae", p["vae"], "--init", start, "--out", p["wm_evo"]],
                 [f"world_model.steps={lp.evo_wm_steps}"],
             )
         )

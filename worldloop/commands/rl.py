@@ -18,7 +18,7 @@ judge on the real episodes' frames, and the world model replaying their actions 
 tb/ (TensorBoard), checkpoints/ (rerun to resume), results.json, results.md, curves.png, policy/ (final)
 and videos/ (real | replay of its actions in the world model | imagined, from the same initial state at each evaluation).
 With rl.refine_every > 0 the world model also learns, every that many iterations, from the policy's own real
-rollouts (rl.refine_episodes_per_task per task; OUT/refine keeps their clips).
+rollouts (rl.refine_episodes_per_task per task; OUT/refine keeps their clips, OUT/world_model the refined model).
 Example: worldloop rl --policy runs/sft --world-model runs/wm --judge runs/rw --dataset runs/data \\
          --keyframes runs/data/keyframes --out runs/rl rl.iterations=50"""
 

@@ -102,7 +102,7 @@ class RLConfig:
     world model's DiT trains rl.refine_steps steps on them, half of each batch (the other half: the dataset's
     training episodes of those tasks), so that it learns what the evolved policy's actions really do before RL
     exploits what it renders wrongly (the thirteenth H200 session: replay kappa 0.50 -> -0.20 on door-open
-    while real success fell; worldloop/rl/refine.py). It spends real episodes; OUT/refine keeps their clips.
+    while real success fell; worldloop/rl/refine.py). It spends real episodes; OUT/refine keeps their clips, OUT/world_model the refined world model.
     0: never, RL in imagination alone (--env imagined only)."""
     refine_episodes_per_task: int = 8
     """Real episodes per training task in each refinement round."""

@@ -69,7 +69,8 @@ def refine_seed(task_position: int, episode: int, seed_offset: int) -> int:
 
 class WorldModelRefiner:
     """``refiner(policy, iteration)`` runs one refinement round and returns its metrics; ``modules`` and
-    ``stateful`` go into RL's checkpoints, and ``restore(iteration)`` rebuilds the state a resumed run had."""
+    ``stateful`` go into RL's checkpoints, ``restore(iteration)`` rebuilds the state a resumed run had, and
+    ``save(folder)`` writes the refined world model at the end."""
 
     def __init__(
         self,
@@ -107,6 +108,10 @@ class WorldModelRefiner:
 
         self.rounds = [load_file(path) for path in sorted(self.out.glob("round_*.safetensors")) if int(path.stem.split("_")[1]) <= iteration]
         self._publish()
+
+    def save(self, folder: str | Path) -> Path:
+        """The refined world model as a model folder (``train-wm``'s layout: rl, eval-wm and the loop load it)."""
+        return self.world_model.save_pretrained(folder, dit=self.master)
 
     def __call__(self, policy: Any, iteration: int) -> dict[str, float]:
         from safetensors.torch import save_file
@@ -155,9 +160,6 @@ class WorldModelRefiner:
         rollout = collect(policy, self.real_env, first, temperature=self.rl.train_temperature, keep_frames=True)
         return rollout_episodes(first, rollout), float(rollout.success_once.float().mean())
 
-    def _normalised(self, actions: torch.Tensor) -> torch.Tensor:
-        return (actions - self.world_model.action_mean) / self.world_model.action_std
-
     def _train(self, generator: torch.Generator) -> float:
         from worldloop.worldmodel.train import flow_matching_loss
 
@@ -182,7 +184,7 @@ class WorldModelRefiner:
     def _on_device(self, clips: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         """(latents, normalised actions) of ``clips`` concatenated, on the world model's device."""
         latents = torch.cat([c["latents"] for c in clips]).to(self.device)
-        return latents, self._normalised(torch.cat([c["actions"] for c in clips]).to(self.device))
+        return latents, self.world_model.normalise(torch.cat([c["actions"] for c in clips]).to(self.device))
 
     @torch.no_grad()
     def _loss_on(self, clips: dict[str, torch.Tensor], iteration: int, count: int = 256) -> float:

@@ -61,8 +61,9 @@ def train(
     iterations, writing TensorBoard logs, checkpoints, ``results.json`` and the final policy folder
     (``out/policy``) under ``out``. Reruns with the same ``out`` resume from the latest checkpoint.
     ``refiner``: called as ``refiner(policy, iteration)`` every ``rl.refine_every`` iterations, returning
-    metrics; its ``modules`` and ``stateful`` are checkpointed with the policy's, and ``restore(iteration)``
-    rebuilds the rest on resume (:class:`worldloop.rl.refine.WorldModelRefiner`).
+    metrics; its ``modules`` and ``stateful`` are checkpointed with the policy's, ``restore(iteration)``
+    rebuilds the rest on resume, and ``save(out / "world_model")`` keeps the refined world model
+    (:class:`worldloop.rl.refine.WorldModelRefiner`).
     ``console``: one line of metrics per iteration and per evaluation; ``progress_bar``: a tqdm bar."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -302,6 +303,8 @@ def train(
 
     policy.eval()
     policy.save_pretrained(out / "policy")
+    if refining:
+        refiner.save(out / "world_model")
     results = {"iterations": len(history), "algorithm": rl.algorithm, "history": history, "evaluations": evaluations, "warnings": warnings}
     atomic_write_json(out / "results.json", results)
     atomic_write_text(out / "results.md", results_table(evaluations, history))
