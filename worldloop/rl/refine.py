@@ -128,13 +128,13 @@ class WorldModelRefiner:
         episodes = [e for e in episodes if len(e.actions) > self.clip_config.chunk_size]
         if not episodes:
             return reality | {"time/refine": time.perf_counter() - began}
-        clips = encode_clips(self.world_model.vae, episodes, self.clip_config, self.device, seed=self.seed + iteration)
+        clips = encode_clips(self.world_model.vae, episodes, self.clip_config, self.device, seed=self.seed + iteration, progress=False)
         clips = {"latents": clips["latents"], "actions": clips["actions"]}
         with atomic_path(self.out / f"round_{iteration:06d}.safetensors") as tmp:
             save_file({k: v.contiguous() for k, v in clips.items()}, str(tmp))
         self.rounds.append(clips)
         if self.known is None and self.dataset_episodes:
-            known = encode_clips(self.world_model.vae, self.dataset_episodes, self.clip_config, self.device, seed=self.seed)
+            known = encode_clips(self.world_model.vae, self.dataset_episodes, self.clip_config, self.device, seed=self.seed, progress=False)
             self.known = {"latents": known["latents"], "actions": known["actions"]}
 
         generator = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + iteration)

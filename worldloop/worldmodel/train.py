@@ -246,13 +246,15 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
 
 
 @torch.no_grad()
-def encode_clips(vae, episodes: Sequence[EpisodeLike], config: WorldModelConfig, device: torch.device, seed: int = 0, batch: int = 32) -> dict[str, torch.Tensor]:
+def encode_clips(
+    vae, episodes: Sequence[EpisodeLike], config: WorldModelConfig, device: torch.device, seed: int = 0, batch: int = 32, progress: bool = True
+) -> dict[str, torch.Tensor]:
     """Every training clip as latents ``(M, C, 4, h, w)`` [slot 0, memory, future, future] with its
     13 raw actions ``(M, 13, A)`` and the index of the clip one chunk earlier ``(M,)`` (-1: none; see
-    :mod:`worldloop.worldmodel.clips`)."""
+    :mod:`worldloop.worldmodel.clips`); ``progress``: a progress bar over the episodes."""
     rng = np.random.default_rng(seed)
     latents, actions, previous, count = [], [], [], 0
-    for episode in _progress(episodes, desc="encode clips", leave=False):
+    for episode in _progress(episodes, desc="encode clips", leave=False, disable=not progress):
         frames = _frames(episode)
         specs = episode_clips(_actions(episode), config.chunk_size, config.memory_frames, config.clip_stride, config.static_fraction, rng)
         if not specs:
