@@ -31,3 +31,19 @@ def square_episode(rng: np.random.Generator, length: int = 24, size: int = 32, a
 def square_episodes(count: int, seed: int = 0, **kwargs) -> list[SyntheticEpisode]:
     rng = np.random.default_rng(seed)
     return [square_episode(rng, **kwargs) for _ in range(count)]
+
+
+def tiny_vae():
+    """A random (untrained) tiny VAE is a fixed deterministic encoder; its latent statistics are measured
+    on square episodes."""
+    import torch
+
+    from worldloop.worldmodel import vae as vae_lib
+    from worldloop.worldmodel.configuration import VAEConfig
+    from worldloop.worldmodel.train import latent_statistics
+
+    torch.manual_seed(0)
+    model = vae_lib.build_vae(VAEConfig()).eval()
+    mean, std = latent_statistics(model, square_episodes(4, seed=9), torch.device("cpu"), clips=8)
+    model.register_to_config(latents_mean=mean, latents_std=std)
+    return model

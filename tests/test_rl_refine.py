@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 from _rl_fixtures import ToyPolicy
-from _worldmodel_fixtures import square_episodes
+from _worldmodel_fixtures import square_episodes, tiny_vae
 from test_rl_env import make_pool
 
 from worldloop.envs.imagined import ImaginedEnv
@@ -14,23 +14,16 @@ from worldloop.rl.configuration import RLConfig
 from worldloop.rl.refine import WorldModelRefiner, refine_seed, rollout_episodes
 from worldloop.rl.rollout import collect
 from worldloop.rl.trainer import train
-from worldloop.worldmodel import vae as vae_lib
-from worldloop.worldmodel.configuration import VAEConfig, WorldModelConfig
+from worldloop.worldmodel.configuration import WorldModelConfig
 from worldloop.worldmodel.rollout import WorldModel
-from worldloop.worldmodel.train import latent_statistics
 
 TASK = "reach-top-right"
-CPU = torch.device("cpu")
 CLIPS = WorldModelConfig(batch_size=4, clip_stride=4, sampling_steps=1)
 
 
 @pytest.fixture(scope="module")
 def vae():
-    torch.manual_seed(0)
-    model = vae_lib.build_vae(VAEConfig()).eval()
-    mean, std = latent_statistics(model, square_episodes(4, seed=9), CPU, clips=8)
-    model.register_to_config(latents_mean=mean, latents_std=std)
-    return model
+    return tiny_vae()
 
 
 def refiner_for(vae, folder, steps: int = 10, per_task: int = 4) -> WorldModelRefiner:

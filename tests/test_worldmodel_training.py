@@ -11,13 +11,13 @@ import shutil
 import pytest
 import torch
 
-from _worldmodel_fixtures import square_episodes
+from _worldmodel_fixtures import square_episodes, tiny_vae
 from worldloop.utils.checkpoint import latest_checkpoint
 from worldloop.worldmodel import vae as vae_lib
 from worldloop.worldmodel.configuration import VAEConfig, WorldModelConfig
 from worldloop.worldmodel.evaluate import evaluate_world_model
 from worldloop.worldmodel.rollout import sample_future
-from worldloop.worldmodel.train import latent_statistics, train_vae, train_world_model
+from worldloop.worldmodel.train import train_vae, train_world_model
 
 CPU = torch.device("cpu")
 
@@ -29,12 +29,7 @@ def fast_config(**changes) -> WorldModelConfig:
 
 @pytest.fixture(scope="module")
 def vae():
-    """A random (untrained) tiny VAE is a fixed deterministic encoder; its latent statistics are measured."""
-    torch.manual_seed(0)
-    model = vae_lib.build_vae(VAEConfig()).eval()
-    mean, std = latent_statistics(model, square_episodes(4, seed=9), CPU, clips=8)
-    model.register_to_config(latents_mean=mean, latents_std=std)
-    return model
+    return tiny_vae()
 
 
 def bump_clips(count: int, generator: torch.Generator, channels: int = 8, grid: int = 4):

@@ -204,7 +204,7 @@ def world_model_refiner(config: Config, world_model, dataset, tasks: list[str], 
             wanted[instruction] -= 1
             chosen.append(index)
     real_env = make_env(config, len(tasks) * config.rl.refine_episodes_per_task, tasks=tasks)
-    return WorldModelRefiner(world_model, real_env, tasks, list(dataset.episodes(chosen)), config.rl, config.world_model, out,
+    return WorldModelRefiner(world_model, real_env, tasks, dataset.episodes(chosen), config.rl, config.world_model, out,
                              seed=config.seed, seed_offset=config.eval.seed_offset)  # fmt: skip
 
 

@@ -27,7 +27,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -77,7 +77,7 @@ class WorldModelRefiner:
         world_model: Any,
         real_env: VecEnv,
         tasks: Sequence[str],
-        dataset_episodes: Sequence[Any],
+        dataset_episodes: Iterable[Any],
         rl: RLConfig,
         world_model_config: WorldModelConfig,
         out: str | Path,
@@ -88,7 +88,7 @@ class WorldModelRefiner:
         if real_env.num_envs != len(tasks) * per_task:
             raise ValueError(f"the refinement's real environment has {real_env.num_envs} envs; {len(tasks)} tasks x rl.refine_episodes_per_task {per_task} are needed")
         self.world_model, self.real_env, self.tasks, self.rl = world_model, real_env, list(tasks), rl
-        self.dataset_episodes = list(dataset_episodes)
+        self.dataset_episodes = dataset_episodes  # read at the first round (not at start-up), then released
         self.out, self.seed, self.seed_offset = Path(out) / REFINE, seed, seed_offset
         # the clips as the world model was trained on them (its chunk, memory and anchoring travel with it)
         spec = world_model.spec
@@ -100,7 +100,7 @@ class WorldModelRefiner:
         self.modules = {"world_model": self.master}
         self.stateful = {"world_model_optimizer": self.optimizer}
         self.rounds: list[dict[str, torch.Tensor]] = []  # every round's clips: latents (M, C, 4, h, w), actions (M, 13, A) raw
-        self.known: dict[str, torch.Tensor] | None = None  # the dataset's clips of the training tasks, encoded once
+        self.known: tuple[torch.Tensor, torch.Tensor] | None = None  # the dataset's clips of the training tasks, encoded once, on the device
 
     def restore(self, iteration: int) -> None:
         """After loading a checkpoint of ``iteration``: the rounds saved up to it, and the DiT's refined weights in use."""
@@ -133,9 +133,11 @@ class WorldModelRefiner:
         with atomic_path(self.out / f"round_{iteration:06d}.safetensors") as tmp:
             save_file({k: v.contiguous() for k, v in clips.items()}, str(tmp))
         self.rounds.append(clips)
-        if self.known is None and self.dataset_episodes:
-            known = encode_clips(self.world_model.vae, self.dataset_episodes, self.clip_config, self.device, seed=self.seed, progress=False)
-            self.known = {"latents": known["latents"], "actions": known["actions"]}
+        if self.known is None:
+            known_episodes, self.dataset_episodes = list(self.dataset_episodes), ()
+            if known_episodes:
+                known = encode_clips(self.world_model.vae, known_episodes, self.clip_config, self.device, seed=self.seed, progress=False)
+                self.known = self._on_device([known])
 
         generator = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + iteration)
         before = self._loss_on(clips, iteration)
@@ -163,7 +165,7 @@ class WorldModelRefiner:
     def _train(self, generator: torch.Generator) -> float:
         from worldloop.worldmodel.train import flow_matching_loss
 
-        pools = [self._on_device(self.rounds)] + ([self._on_device([self.known])] if self.known is not None else [])
+        pools = [self._on_device(self.rounds)] + ([self.known] if self.known is not None else [])
         batch = self.clip_config.batch_size
         sizes = [batch - batch // 2, batch // 2] if len(pools) == 2 else [batch]  # half the policy's rollouts, half what it knew
         losses = []
