@@ -88,12 +88,12 @@ def test_a_round_teaches_the_world_model_the_policys_rollouts_and_a_resumed_run_
 
 
 def test_refining_rl_resumes_exactly(vae, tmp_path):
-    def run(folder, iterations):
+    def run(folder, iterations, refine_every=1):
         torch.manual_seed(0)
         policy = ToyPolicy()
         refiner = refiner_for(vae, folder, steps=3)
         rl = RLConfig(iterations=iterations, group_size=4, num_groups=2, max_steps=16, lr=3e-3, train_temperature=1.0, checkpoint_every=1,
-                      refine_every=1, refine_episodes_per_task=4, refine_steps=3, refine_lr=1e-3)  # fmt: skip
+                      refine_every=refine_every, refine_episodes_per_task=4, refine_steps=3, refine_lr=1e-3)  # fmt: skip
         env = ImaginedEnv(ToyWorldModel(), ToyJudge(), make_pool(32, 3), 8, 4, max_steps=16, kir_ratio=0.3)
         return train(policy, env, rl, folder, seed=3, refiner=refiner, console=False), refiner
 
@@ -110,3 +110,10 @@ def test_refining_rl_resumes_exactly(vae, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(saved.dit.parameters(), straight_refiner.master.parameters()))
     table = (tmp_path / "a" / "results.md").read_text()
     assert "World-model refinement" in table and table.count("\n| 1 | 4 |") == 1 and table.count("\n| 2 | 8 |") == 1, table
+    # resumed without the refinement, the run would go on in the unrefined world model: refused
+    with pytest.raises(ValueError, match="resume it with the same rl.refine_"):
+        run(tmp_path / "b", 3, refine_every=0)
+    # and a run that never refined, resumed with refinement, is refused too: its checkpoint has no refined world model
+    run(tmp_path / "c", 1, refine_every=0)
+    with pytest.raises(FileNotFoundError, match="no weights for 'world_model'"):
+        run(tmp_path / "c", 2)

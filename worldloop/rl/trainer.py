@@ -89,6 +89,8 @@ def train(
     if checkpoint is not None:
         start, extra = load_checkpoint(checkpoint, modules, stateful)
         history, evaluations = extra["history"], extra["evaluations"]
+        if extra.get("refining") and not refining:  # its refined world model lives in the checkpoint: without it the run would go on in the old one
+            raise ValueError(f"{out} refined its world model on the policy's real rollouts (rl.refine_every); resume it with the same rl.refine_* settings")
         if refining:
             refiner.restore(start)
     writer = SummaryWriter(str(out / "tb"), purge_step=start)
@@ -294,7 +296,8 @@ def train(
         if reality_check is not None and (last or (rl.eval_every and done_iterations % rl.eval_every == 0)):
             evaluate(done_iterations)
         if last or done_iterations % rl.checkpoint_every == 0:
-            save_checkpoint(out, done_iterations, modules, stateful, {"history": history, "evaluations": evaluations}, keep=rl.keep_checkpoints)
+            save_checkpoint(out, done_iterations, modules, stateful, {"history": history, "evaluations": evaluations, "refining": refining},
+                            keep=rl.keep_checkpoints)  # fmt: skip
         if out_of_time:
             if console:
                 tqdm.write(f"rl: time limit of {rl.time_limit_min} min reached after {done_iterations} iterations")
