@@ -12,7 +12,7 @@ from worldloop.envs.imagined import ImaginedEnv
 from worldloop.envs.toy import ToyEnv, ToyJudge, ToyWorldModel
 from worldloop.rl.configuration import RLConfig
 from worldloop.rl.rollout import RealityCheck
-from worldloop.rl.trainer import LARGE_UPDATE, train
+from worldloop.rl.trainer import LARGE_UPDATE, minibatches_per_epoch, train
 
 TASK = "reach-top-right"
 
@@ -159,6 +159,23 @@ def test_target_kl_stops_the_update_before_the_step_that_would_pass_it(tmp_path)
     assert first["actor/approx_kl_before_update"] > 1e-3 and first["actor/update_steps"] == 1.0
 
 
+def test_dropped_groups_mean_fewer_update_steps_of_full_size(tmp_path):
+    """With rl.filter_groups, the kept groups are split into ceil(M * kept fraction) minibatches: each holds about
+    as many trajectories as with every group kept, so an iteration with little signal takes fewer steps."""
+    assert [minibatches_per_epoch(4, kept / 8) for kept in range(9)] == [1, 1, 1, 2, 2, 3, 3, 4, 4]
+    torch.manual_seed(0)
+    rl = config(iterations=8, num_groups=4, update_epochs=2, num_minibatches=4, checkpoint_every=100)
+    history = train(ToyPolicy(), imagined(32, 8), rl, tmp_path / "run", console=False)["history"]
+    kept = [round(h["rollout/kept_groups"] * rl.num_groups) for h in history]
+    steps = [h["actor/update_steps"] for h in history]
+    assert steps == [2.0 * kept_groups if kept_groups else 0.0 for kept_groups in kept], (kept, steps)  # ceil(4 * k / 4) = k
+    assert any(0 < k < rl.num_groups for k in kept), kept  # some iterations dropped groups, and they took fewer steps
+    # Without filtering, every group is in every minibatch count: M per epoch whatever the signal.
+    torch.manual_seed(0)
+    history = train(ToyPolicy(), imagined(32, 8), config(iterations=2, num_minibatches=4, filter_groups=False), tmp_path / "all", console=False)["history"]
+    assert [h["actor/update_steps"] for h in history] == [8.0, 8.0]
+
+
 def test_target_kl_is_off_by_default_and_refused_unless_positive():
     from worldloop.config import ConfigError, load_config, preset_names
 
@@ -201,14 +218,15 @@ def overfit_compact_vla(steps: int = 250) -> torch.nn.Module:
 
 def test_warm_up_keeps_the_first_update_of_a_confident_policy_small(tmp_path):
     """The H200 sessions' first RL iteration moved the one-demonstration SFT policy to approx_kl 0.5 and 1.4,
-    the later ones ~0.02. The same on CPU: a fresh AdamW's first steps move every weight by about lr."""
+    the later ones ~0.02. The same on CPU: a fresh AdamW's first steps move every weight by about lr (here 12 steps
+    in the first iteration: 3 of its 4 groups kept, so 6 of rl.num_minibatches=8 per epoch)."""
     policy = overfit_compact_vla()
     start = {name: value.clone() for name, value in policy.state_dict().items()}
     first_kl = {}
     for warmup in (0, 16):
         policy.load_state_dict(start)
         torch.manual_seed(1)
-        rl = config(iterations=4, lr=3e-5, lr_warmup_steps=warmup, update_epochs=2, num_minibatches=4, checkpoint_every=100)
+        rl = config(iterations=4, lr=3e-5, lr_warmup_steps=warmup, update_epochs=2, num_minibatches=8, checkpoint_every=100)
         results = train(policy, imagined(32, 8), rl, tmp_path / f"w{warmup}", console=False)
         updates = [h for h in results["history"] if "actor/approx_kl" in h]
         first_kl[warmup] = updates[0]["actor/approx_kl"]

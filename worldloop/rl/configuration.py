@@ -53,7 +53,11 @@ class RLConfig:
     update_epochs: int = 2
     """Passes over each rollout batch in the update."""
     num_minibatches: int = 4
-    """Minibatches per epoch; the valid (trajectory, chunk) samples are shuffled and split into this many."""
+    """Minibatches per epoch when every group is kept; the valid (trajectory, chunk) samples are shuffled and split
+    into this many. When rl.filter_groups drops groups, into proportionally fewer (ceil(M * kept fraction), at least
+    one), so that a minibatch holds as many trajectories either way: an iteration with little signal takes fewer
+    AdamW steps, not as many on fewer samples. The fifteenth H200 session, which split 1 kept group of 8 into 4,
+    saw approx_kl 0.26 in such an iteration (docs/results.md)."""
     lr: float = 1e-5
     """AdamW learning rate of the policy (constant after the warm-up)."""
     lr_warmup_steps: int = 16

@@ -8,7 +8,8 @@ One iteration, top to bottom:
 3. advantages: GRPO (S - mean_g) / (std_g + 1e-6), groups without signal dropped; or PPO's GAE;
 4. loss: token-level clipped ratio (asymmetric clip), each trajectory's loss divided by its
    valid length, optional entropy bonus, optional KL to the starting policy, PPO's clipped value loss;
-5. update: several epochs of shuffled minibatches of valid chunks, gradient clipping, AdamW whose
+5. update: several epochs of shuffled minibatches of valid chunks (fewer when groups were dropped, so each
+   holds as many trajectories as a full batch's), gradient clipping, AdamW whose
    learning rate warms up linearly over the first optimizer steps; optionally stopped early once a
    minibatch's approx_kl exceeds ``target_kl``;
 6. every ``refine_every`` iterations, when a refiner is given (:mod:`worldloop.rl.refine`), the world model
@@ -186,9 +187,12 @@ def train(
         losses: dict[str, list[float]] = {}
         metrics["actor/lr"] = scheduler.get_last_lr()[0]  # at this iteration's first step (it rises within the warm-up)
         update_steps, stopped = 0, False
+        # As many trajectories per minibatch as with every group kept: dropped groups mean fewer steps, not
+        # as many steps on fewer samples (each a full-size AdamW step on noisier data).
+        minibatches = minibatches_per_epoch(rl.num_minibatches, keep.float().mean().item())
         policy.train()
         for _ in range(rl.update_epochs if len(samples) else 0):
-            for batch in samples[torch.randperm(len(samples)).to(device)].chunk(rl.num_minibatches):
+            for batch in samples[torch.randperm(len(samples)).to(device)].chunk(minibatches):
                 env_index, chunk_index = batch // num_chunks, batch % num_chunks
                 weight = weights[env_index, chunk_index]
                 weight = weight / weight.sum()
@@ -322,6 +326,11 @@ UNTRACKED = "the imagined environment does not track reality per episode"
 EXPLOITED = "the policy exploits the world model"
 LARGE_UPDATE = "an update moved the policy far"
 LARGE_UPDATE_KL = 0.3  # healthy iterations of the H200 runs: approx_kl 0.01-0.07; the jumps: 0.54 and 1.43
+
+
+def minibatches_per_epoch(num_minibatches: int, kept_fraction: float) -> int:
+    """rl.num_minibatches scaled by the fraction of groups kept, at least one: ceil(M * kept)."""
+    return max(1, math.ceil(num_minibatches * kept_fraction - 1e-9))
 
 
 def update_diagnosis(metrics: dict[str, float], iteration: int) -> str:
