@@ -149,6 +149,29 @@ def test_train_vae_writes_a_loadable_folder_and_metrics(tmp_path):
         vae_lib.load_vae(tmp_path / "missing")
 
 
+def test_train_vae_continues_from_an_earlier_vae_with_init(tmp_path):
+    """vae.init: training starts from an earlier train-vae's weights (a VAE grows over several leases), not from a
+    fresh initialisation; its latent statistics are measured again; pretrained and init together are refused."""
+    from worldloop.config import ConfigError, load_config
+
+    episodes = square_episodes(3, seed=2, length=12)
+    train_vae(VAEConfig(steps=3, batch_size=2, log_every=1), episodes[:2], episodes[2:], tmp_path / "a", CPU)
+    earlier = vae_lib.load_vae(tmp_path / "a").state_dict()
+    fresh = vae_lib.build_vae(VAEConfig()).state_dict()
+    tiny_step = VAEConfig(steps=1, batch_size=2, log_every=1, lr=1e-12, init=str(tmp_path / "a"))
+    metrics = train_vae(tiny_step, episodes[:2], episodes[2:], tmp_path / "b", CPU, seed=5)
+    continued = vae_lib.load_vae(tmp_path / "b")
+    assert metrics["steps"] == 1
+    for name, value in continued.state_dict().items():
+        assert torch.allclose(value, earlier[name], atol=1e-6), name
+    assert any(not torch.allclose(value, fresh[name]) for name, value in continued.state_dict().items())
+    assert len(continued.config.latents_mean) == continued.config.z_dim
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        train_vae(VAEConfig(steps=1, init=str(tmp_path / "missing")), episodes[:2], episodes[2:], tmp_path / "c", CPU)
+    with pytest.raises(ConfigError, match="exclude each other"):
+        load_config("tiny-cpu", [f"vae.pretrained={tmp_path / 'a'}", f"vae.init={tmp_path / 'a'}"])
+
+
 def test_evaluate_writes_metrics_and_strips(vae, tmp_path):
     from worldloop.worldmodel.rollout import WorldModel
 

@@ -29,6 +29,8 @@
 # VAE_FROM (a VAE folder from an earlier lease, used instead of training one: after a session,
 # `python3 -m worldloop.utils.parts pack $OUT/wm/vae "$DEVICE_OUT" vae` brings it back in 15 MB parts,
 # `... unpack vae.parts.json .carry/vae` rebuilds it for the next lease's carry),
+# VAE_INIT (such a folder that the VAE trains on from, VAE_STEPS / VAE_SECONDS more: with WM_FROM, the DiT then
+# continues on the grown VAE; a world model trained over several leases that way, see worldmodel.sh),
 # WM_ALSO (overrides of a second DiT trained alongside the first for an A/B, e.g.
 # "world_model.context_channels=false": eval-wm and the judge's calibration on its replays; only the first
 # trains the judge and goes on to RL; see worldmodel.sh),

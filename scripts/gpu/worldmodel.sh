@@ -6,7 +6,8 @@
 # Env knobs: VAE_SECONDS (150), WM_SECONDS (240), VAE_STEPS ("": bounded by time alone; N: the VAE trains
 # N steps, VAE_SECONDS then only caps it, so its quality does not depend on what else shares the machine),
 # VAE_FROM (a VAE folder trained in an earlier lease, e.g. unpacked by `python -m worldloop.utils.parts`:
-# used as it is, not trained), WM_FROM (a world-model folder from an earlier lease, its vae/ included:
+# used as it is, not trained), VAE_INIT (such a folder that the VAE trains on from, for VAE_STEPS / VAE_SECONDS
+# more: a VAE grows over several leases; with WM_FROM, the DiT then continues on this VAE), WM_FROM (a world-model folder from an earlier lease, its vae/ included:
 # train-wm continues it with --init for WM_SECONDS more, on its own VAE unless VAE_FROM says otherwise;
 # WM_SECONDS=0: used as it is, linked as $OUT/wm and only evaluated, so what waits for it starts minutes earlier),
 # CARRY (a folder: the trained DiT, and the VAE when trained here, packed there in 15 MB parts for the
@@ -48,10 +49,11 @@ fi
 # 1. VAE (bounded by time and vae.steps, whichever ends first), or VAE_FROM's, measured on this held-out split
 if [ -n "${WM_FROM:-}" ]; then
   [ -f "$WM_FROM/config.json" ] || { echo "WM_FROM=$WM_FROM is not a world-model folder (no config.json)" | tee -a "$OUT/log.txt"; exit 1; }
-  VAE_FROM=${VAE_FROM:-$WM_FROM/vae}
-  [ "$USE_AS_IS" = 1 ] || echo "world model: continuing $WM_FROM (its DiT trains on with --init), VAE from $VAE_FROM" | tee -a "$OUT/log.txt"
+  [ -n "${VAE_INIT:-}" ] || VAE_FROM=${VAE_FROM:-$WM_FROM/vae}
+  [ "$USE_AS_IS" = 1 ] || echo "world model: continuing $WM_FROM (its DiT trains on with --init), VAE from ${VAE_FROM:-training on from $VAE_INIT}" | tee -a "$OUT/log.txt"
 fi
-if [ -n "${VAE_FROM:-}" ]; then VAE_ARGS=("vae.pretrained=$VAE_FROM"); else VAE_ARGS=(vae.spatial_downsamples=$DOWN vae.time_limit_s=$VAE_SECONDS ${VAE_STEPS:+vae.steps=$VAE_STEPS}); fi
+if [ -n "${VAE_FROM:-}" ]; then VAE_ARGS=("vae.pretrained=$VAE_FROM")
+else VAE_ARGS=(vae.spatial_downsamples=$DOWN vae.time_limit_s=$VAE_SECONDS ${VAE_STEPS:+vae.steps=$VAE_STEPS} ${VAE_INIT:+vae.init=$VAE_INIT}); fi
 timeout $((VAE_SECONDS + 240)) $PY -m worldloop train-vae --dataset "$DATA" --out "$OUT/vae" "${COMMON[@]}" "${VAE_ARGS[@]}" \
   2>&1 | grep -v "it/s]" | tail -20 | tee -a "$OUT/log.txt"
 

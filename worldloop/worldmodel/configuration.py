@@ -27,6 +27,10 @@ class VAEConfig:
     Ignored by 'wan2.2-5b', which is always 16x."""
     pretrained: str | None = None
     """A local diffusers-format AutoencoderKLWan folder to load instead of training (e.g. the Wan2.2 VAE)."""
+    init: str | None = None
+    """A local diffusers-format AutoencoderKLWan folder (an earlier train-vae's --out) whose weights training
+    starts from, for `steps` more (its architecture replaces size and spatial_downsamples): a VAE grows over
+    several short GPU leases. Its latent statistics are measured again after training."""
     steps: int = 300
     """Optimizer steps of `worldloop train-vae`."""
     batch_size: int = 8
@@ -68,6 +72,8 @@ class VAEConfig:
             raise ValueError(f"held_out_fraction must be in [0, 1), got {self.held_out_fraction}")
         if self.time_limit_s < 0:
             raise ValueError(f"time_limit_s must be >= 0 (0: no limit), got {self.time_limit_s}")
+        if self.pretrained and self.init:
+            raise ValueError("pretrained (use a VAE as it is) and init (train on from one) exclude each other; set one")
 
 
 @dataclass

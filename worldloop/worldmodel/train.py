@@ -156,7 +156,7 @@ def latent_statistics(vae, episodes: Sequence[EpisodeLike], device: torch.device
 
 
 def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out: Sequence[EpisodeLike], out: str | Path, device: torch.device, seed: int = 0) -> dict[str, Any]:
-    """Train an AutoencoderKLWan from scratch (or load ``config.pretrained``), save it to ``out``
+    """Train an AutoencoderKLWan from scratch or from ``config.init`` (or load ``config.pretrained``), save it to ``out``
     in diffusers format with its latent statistics, and write ``out/metrics.json``."""
     from torch.utils.tensorboard import SummaryWriter
 
@@ -169,7 +169,7 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
         steps_done, losses = 0, []
     else:
         torch.manual_seed(seed)
-        vae = vae_lib.build_vae(config).to(device)
+        vae = (vae_lib.load_vae(config.init).train() if config.init else vae_lib.build_vae(config)).to(device)
         image_size = int(_frames(train_episodes[0]).shape[1])
         factor = vae_lib.spatial_factor(vae)
         if image_size % factor:
