@@ -26,10 +26,10 @@ def vae():
     return tiny_vae()
 
 
-def refiner_for(vae, folder, steps: int = 10, per_task: int = 4) -> WorldModelRefiner:
+def refiner_for(vae, folder, steps: int = 10, per_task: int = 4, ema_decay: float = 0.5) -> WorldModelRefiner:
     torch.manual_seed(1)
     world_model = WorldModel.build(CLIPS, vae, 32, 2, device="cpu")
-    rl = RLConfig(refine_every=1, refine_episodes_per_task=per_task, refine_steps=steps, refine_lr=1e-3)
+    rl = RLConfig(refine_every=1, refine_episodes_per_task=per_task, refine_steps=steps, refine_lr=1e-3, refine_ema_decay=ema_decay)
     known = square_episodes(2, seed=1, length=24)  # the scenes it knew: another world of the same size
     return WorldModelRefiner(world_model, ToyEnv(per_task, max_steps=32), [TASK], known, rl, CLIPS, folder, seed=0)
 
@@ -71,20 +71,31 @@ def test_a_round_teaches_the_world_model_the_policys_rollouts_and_a_resumed_run_
     assert metrics["world_model/refine_loss_new_after"] < metrics["world_model/refine_loss_new_before"], metrics
     assert 0.0 <= metrics["world_model/refine_real_success"] <= 1.0 and metrics["world_model/refine_real_episodes"] == 4
     assert metrics["world_model/refine_clips"] > 0 and math.isfinite(metrics["world_model/refine_loss"])
-    # the imagined environment's DiT now holds the refined weights
+    # the imagined environment's DiT now holds the refined weights' moving average, not the last step's weights
     after = list(refiner.world_model.dit.parameters())
     assert not all(torch.equal(a, b) for a, b in zip(before, after))
-    assert all(torch.equal(a, b) for a, b in zip(after, refiner.master.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(after, refiner.ema.parameters()))
+    assert not all(torch.equal(a, b) for a, b in zip(after, refiner.master.parameters()))
     assert (tmp_path / "refine" / "round_000001.safetensors").is_file()
 
     # a resumed run: the checkpoint gives the weights, restore() the rounds up to the checkpoint's iteration
     resumed = refiner_for(vae, tmp_path)
     resumed.master.load_state_dict(refiner.master.state_dict())
+    resumed.ema.load_state_dict(refiner.ema.state_dict())
     resumed.restore(0)
     assert resumed.rounds == []
     resumed.restore(1)
     assert len(resumed.rounds) == 1 and torch.equal(resumed.rounds[0]["latents"], refiner.rounds[0]["latents"])
-    assert all(torch.equal(a, b) for a, b in zip(resumed.world_model.dit.parameters(), refiner.master.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(resumed.world_model.dit.parameters(), refiner.ema.parameters()))
+
+
+def test_without_averaging_the_last_steps_weights_are_used(vae, tmp_path):
+    refiner = refiner_for(vae, tmp_path, steps=3, ema_decay=0.0)
+    torch.manual_seed(2)
+    refiner(ToyPolicy(), 1)
+    assert all(torch.equal(a, b) for a, b in zip(refiner.world_model.dit.parameters(), refiner.master.parameters()))
+    with pytest.raises(ValueError, match="refine_ema_decay"):
+        RLConfig(refine_ema_decay=1.0).validate()
 
 
 def test_refining_rl_resumes_exactly(vae, tmp_path):
@@ -104,10 +115,11 @@ def test_refining_rl_resumes_exactly(vae, tmp_path):
     for name in ("world_model/refine_loss", "world_model/refine_loss_new_before", "world_model/refine_real_success", "env/success_once"):
         assert resumed["history"][1][name] == straight["history"][1][name], name
     assert all(torch.equal(a, b) for a, b in zip(straight_refiner.master.parameters(), resumed_refiner.master.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(straight_refiner.ema.parameters(), resumed_refiner.ema.parameters()))
     assert all(torch.equal(a, b) for a, b in zip(straight_refiner.world_model.dit.parameters(), resumed_refiner.world_model.dit.parameters()))
     assert resumed["history"][1]["world_model/refine_real_episodes"] == 8  # two rounds of 4
     saved = WorldModel.from_pretrained(tmp_path / "a" / "world_model", device="cpu")  # the refined model, for eval-wm or the next run
-    assert all(torch.equal(a, b) for a, b in zip(saved.dit.parameters(), straight_refiner.master.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(saved.dit.parameters(), straight_refiner.ema.parameters()))
     table = (tmp_path / "a" / "results.md").read_text()
     assert "World-model refinement" in table and table.count("\n| 1 | 4 |") == 1 and table.count("\n| 2 | 8 |") == 1, table
     # resumed without the refinement, the run would go on in the unrefined world model: refused

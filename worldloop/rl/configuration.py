@@ -114,6 +114,11 @@ class RLConfig:
     """DiT optimizer steps per refinement round (batches of world_model.batch_size clips)."""
     refine_lr: float = 1e-4
     """AdamW learning rate of the refinement (constant; train-wm's schedule ends at 10 % of world_model.lr)."""
+    refine_ema_decay: float = 0.99
+    """Decay per refinement step of the exponential moving average of the refined DiT, which the imagined environment
+    samples from and OUT/world_model keeps (train-wm samples from its EMA too, world_model.ema_decay); 0.99 averages
+    over ~100 of a round's steps. 0: the raw weights of the last step (the fifteenth H200 session's refinement,
+    whose imagination turned pessimistic)."""
     time_limit_min: float = 0.0
     """Wall-clock budget of the training loop in minutes: past it, the current iteration is the last
     (final evaluation, checkpoint and policy as usual); 0: no limit."""
@@ -165,6 +170,8 @@ class RLConfig:
             raise ValueError("eval_every, eval_episodes_per_task and eval_videos_per_task must be >= 0")
         if self.refine_every < 0 or self.refine_episodes_per_task < 1 or self.refine_steps < 0 or self.refine_lr <= 0:
             raise ValueError("refine_every >= 0, refine_episodes_per_task >= 1, refine_steps >= 0 and refine_lr > 0 are required")
+        if not 0.0 <= self.refine_ema_decay < 1.0:
+            raise ValueError(f"refine_ema_decay must lie in [0, 1), got {self.refine_ema_decay}")
         if self.checkpoint_every < 1 or self.keep_checkpoints < 1:
             raise ValueError("checkpoint_every >= 1 and keep_checkpoints >= 1 are required")
         if self.kir_lead_frames < 0 or self.kir_max_per_episode < 1:

@@ -14,10 +14,12 @@ does it every ``rl.refine_every`` iterations of one run:
 3. the DiT (an fp32 copy: the inference copy is bf16 on the GPU, too coarse for small steps) takes
    ``rl.refine_steps`` AdamW steps of its own flow-matching loss on batches drawn half from every round's
    rollouts so far, half from the dataset's training episodes of the same tasks (what it knew, so that it
-   does not forget the scenes), and its weights replace the imagined environment's.
+   does not forget the scenes); an exponential moving average of its weights (``rl.refine_ema_decay``, as
+   ``train-wm`` samples from its EMA) replaces the imagined environment's DiT.
 
-Each round reports the real success of the rollouts (the training policy, in reality) and the DiT's loss
-on the new clips before and after the round, on the same noise: how surprised it was by the policy.
+Each round reports the real success of the rollouts (the training policy, in reality) and the loss of the
+DiT in use (the EMA) on the new clips before and after the round, on the same noise: how surprised it was by
+the policy, and how much the round taught it.
 """
 
 from __future__ import annotations
@@ -96,8 +98,9 @@ class WorldModelRefiner:
                                                reference_frame=bool(spec["reference_frame"]))  # fmt: skip
         self.device = world_model.device
         self.master = copy.deepcopy(world_model.dit).float().eval()
+        self.ema = copy.deepcopy(self.master).requires_grad_(False)  # what the imagined environment samples from
         self.optimizer = torch.optim.AdamW(self.master.parameters(), lr=rl.refine_lr, weight_decay=world_model_config.weight_decay, betas=(0.9, 0.99))
-        self.modules = {"world_model": self.master}
+        self.modules = {"world_model": self.master, "world_model_ema": self.ema}
         self.stateful = {"world_model_optimizer": self.optimizer}
         self.rounds: list[dict[str, torch.Tensor]] = []  # every round's clips: latents (M, C, 4, h, w), actions (M, 13, A) raw
         self.known: tuple[torch.Tensor, torch.Tensor] | None = None  # the dataset's clips of the training tasks, encoded once, on the device
@@ -111,7 +114,7 @@ class WorldModelRefiner:
 
     def save(self, folder: str | Path) -> Path:
         """The refined world model as a model folder (``train-wm``'s layout: rl, eval-wm and the loop load it)."""
-        return self.world_model.save_pretrained(folder, dit=self.master)
+        return self.world_model.save_pretrained(folder, dit=self.ema)
 
     def __call__(self, policy: Any, iteration: int) -> dict[str, float]:
         from safetensors.torch import save_file
@@ -179,6 +182,9 @@ class WorldModelRefiner:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.master.parameters(), self.clip_config.grad_clip)
             self.optimizer.step()
+            with torch.no_grad():
+                for average, weight in zip(self.ema.parameters(), self.master.parameters()):
+                    average.lerp_(weight, 1.0 - self.rl.refine_ema_decay)
             losses.append(float(loss.detach()))
         self.master.eval()
         return float(np.mean(losses)) if losses else float("nan")
@@ -190,15 +196,15 @@ class WorldModelRefiner:
 
     @torch.no_grad()
     def _loss_on(self, clips: dict[str, torch.Tensor], iteration: int, count: int = 256) -> float:
-        """The DiT's loss on (up to ``count`` of) ``clips``, on noise fixed by ``iteration``: before and after a round compare."""
+        """The loss of the DiT in use (the EMA) on (up to ``count`` of) ``clips``, on noise fixed by ``iteration``: before and after a round compare."""
         from worldloop.worldmodel.train import flow_matching_loss
 
         generator = torch.Generator(device=self.device).manual_seed(iteration)
         latents, actions = self._on_device([{k: v[:count] for k, v in clips.items()}])
-        return float(flow_matching_loss(self.master, latents, actions, self.clip_config, generator))
+        return float(flow_matching_loss(self.ema, latents, actions, self.clip_config, generator))
 
     @torch.no_grad()
     def _publish(self) -> None:
-        """The refined weights into the imagined environment's DiT (in its own dtype)."""
-        for target, source in zip(self.world_model.dit.parameters(), self.master.parameters()):
+        """The refined weights' average into the imagined environment's DiT (in its own dtype)."""
+        for target, source in zip(self.world_model.dit.parameters(), self.ema.parameters()):
             target.copy_(source)
