@@ -4,6 +4,7 @@
 #   source scripts/gpu/setup.sh .whl .whl2
 #   OUT=/root/wl setsid bash scripts/gpu/session.sh >/root/wl.log 2>&1 < /dev/null &
 #   bash scripts/gpu/pack.sh /root/wl "$OUT_OF_THE_DEVICE_CALL"     # any time: results so far
+#   CARRY=/root/carry bash scripts/gpu/poll.sh /root/wl "$OUT" 530 r1  # or: each call waits, packs, and brings 3 carried parts
 #
 # Phase 1 (~4 min): `bench sim` (1 and 14 workers) then `collect` MT10 x 50 episodes at 128x128
 #   (scripts/gpu/sims.sh, then the metaworld-gpu dataset), while the GPU runs `bench wm` (small and

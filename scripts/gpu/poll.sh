@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One device call's worth of a running session.sh: wait until the session is done or WAIT_S seconds have passed
+# (the device goes back 30 s after a call ends, so calls must follow each other: keep WAIT_S under the call's
+# limit), print its progress, pack its results into DEST/NAME.tgz (pack.sh) and copy the manifests and at most
+# MAX_PARTS (3) not yet sent model parts of CARRY (session.sh's CARRY folder) into DEST.
+#   bash scripts/gpu/poll.sh RESULTS_DIR DEST [WAIT_S] [NAME]
+# e.g. in each device call: CARRY=/root/carry bash scripts/gpu/poll.sh /root/wl "$OUT" 530 r1
+set -uo pipefail
+root=${1:?usage: poll.sh RESULTS_DIR DEST [WAIT_S] [NAME]}
+dest=${2:?usage: poll.sh RESULTS_DIR DEST [WAIT_S] [NAME]}
+wait_s=${3:-530}
+name=${4:-results}
+max_parts=${MAX_PARTS:-3}  # 15 MB each: a call brings back ~64 MB at most
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$dest"
+for _ in $(seq $((wait_s / 5))); do
+  grep -q "session done" "$root/progress.txt" 2>/dev/null && break
+  sleep 5
+done
+tail -n 6 "$root/progress.txt" 2>/dev/null
+bash "$here/pack.sh" "$root" "$dest/$name.tgz"
+if [ -n "${CARRY:-}" ] && [ -d "$CARRY" ]; then
+  # only the parts that complete packs list: worldloop.utils.parts writes NAME.parts.json after all of NAME's parts
+  mkdir -p "$CARRY/.sent"
+  sent=0 left=0
+  for manifest in "$CARRY"/*.parts.json; do
+    [ -f "$manifest" ] || continue
+    cp "$manifest" "$dest/"  # small: every call brings the manifests
+    for base in $(python3 -c "import json, sys; print(*(p['file'] for p in json.load(open(sys.argv[1]))['parts']))" "$manifest"); do
+      part="$CARRY/$base"
+      [ -f "$part" ] || continue
+      [ -f "$CARRY/.sent/$base" ] && continue
+      if [ "$sent" -ge "$max_parts" ]; then left=$((left + 1)); continue; fi
+      cp "$part" "$dest/" && touch "$CARRY/.sent/$base" && sent=$((sent + 1))
+    done
+  done
+  echo "carry: $sent parts in this call, $left left"
+fi
