@@ -13,7 +13,8 @@ from worldloop.cli import main
 from worldloop.config import load_config
 from worldloop.loop import STAGES_DIR, Inputs, plan, run_loop
 
-OVERRIDES = ["loop.eval_episodes_per_task=1", "rl.iterations=1", "rl.refine_every=1", "rl.refine_episodes_per_task=1", "rl.refine_steps=2"]
+OVERRIDES = ["loop.eval_episodes_per_task=1", "rl.iterations=1", "rl.refine_every=1", "rl.refine_episodes_per_task=1", "rl.refine_steps=2",
+             "rl.judge_threshold=replay"]
 
 
 def test_plan_skips_what_the_user_brings(tmp_path):
@@ -60,6 +61,9 @@ def test_loop_runs_every_stage_resumes_and_reports(tmp_path, capsys):
     assert wm_evo[wm_evo.index("--init") + 1] == str(run / "rl1" / "world_model")  # PACE goes on from the refined model
     refined = json.loads((run / "rl1" / "results.json").read_text())["history"][0]
     assert refined["world_model/refine_real_episodes"] == 2 and (run / "rl1" / "refine" / "round_000001.safetensors").is_file(), refined
+    # the judge's threshold, set on the base policy's replayed episodes, was chosen again in the refined world model
+    assert (run / "rl1" / "judge_calibration_episodes.pt").is_file() and (run / "rl1" / "refine" / "judge_000001.json").is_file()
+    assert refined["world_model/judge_threshold"] == json.loads((run / "rl1" / "refine" / "judge_000001.json").read_text())["threshold"]
     rollouts = json.loads((run / "rollouts_base" / "summary.json").read_text())["overall"]
     assert rollouts["episodes"] > 0 and rollouts["noisy"]["episodes"] == 0  # a policy's rollouts are not a noisy expert's
 

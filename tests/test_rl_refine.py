@@ -1,5 +1,6 @@
 """Refining the world model on the policy's real rollouts during RL: the episodes, one round, resume."""
 
+import json
 import math
 
 import pytest
@@ -12,8 +13,8 @@ from worldloop.envs.imagined import ImaginedEnv
 from worldloop.envs.toy import ToyEnv, ToyJudge, ToyWorldModel
 from worldloop.rl.configuration import RLConfig
 from worldloop.rl.refine import WorldModelRefiner, refine_seed, rollout_episodes
-from worldloop.rl.rollout import collect
-from worldloop.rl.trainer import train
+from worldloop.rl.rollout import RealityCheck, collect
+from worldloop.rl.trainer import results_table, train
 from worldloop.worldmodel.configuration import WorldModelConfig
 from worldloop.worldmodel.rollout import WorldModel
 
@@ -96,6 +97,38 @@ def test_without_averaging_the_last_steps_weights_are_used(vae, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(refiner.world_model.dit.parameters(), refiner.master.parameters()))
     with pytest.raises(ValueError, match="refine_ema_decay"):
         RLConfig(refine_ema_decay=1.0).validate()
+
+
+def test_each_round_chooses_the_judges_threshold_again_and_a_resumed_run_takes_it_back(vae, tmp_path):
+    """rl.judge_threshold=replay with refinement: after a round, the calibration's real episodes are replayed in the
+    world model as it now is and the threshold chosen again (here the judge's world model is the toy's, which the
+    round does not change, so the choice is the calibration's own); the choice is saved, and restored on resume."""
+    torch.manual_seed(0)
+    judge = ToyJudge(threshold=1e-3)
+    env = ImaginedEnv(ToyWorldModel(), judge, make_pool(32, 3), 32, 1, max_steps=16, kir_ratio=0.0)
+    check = RealityCheck(ToyEnv(32), [TASK], 32, imagined_env=env, seeds=[5000 + e for e in range(32)])
+    with pytest.raises(ValueError, match="episodes of an earlier calibrate_judge"):
+        check.recalibrate_judge()
+    calibrated = check.calibrate_judge(ToyPolicy(), 1.0)["threshold"]
+    assert calibrated > 0.1 and 0 < float(check.labelled.success_once.float().mean()) < 1
+
+    refiner = refiner_for(vae, tmp_path, steps=2)
+    refiner.judge_check = check
+    judge.threshold = 1e-3
+    metrics = refiner(ToyPolicy(), 1)
+    assert metrics["world_model/judge_threshold"] == judge.threshold == calibrated and metrics["world_model/judge_replay_kappa"] > 0.2
+    saved = json.loads((tmp_path / "refine" / "judge_000001.json").read_text())
+    assert saved["threshold"] == calibrated and saved["previous"] == 1e-3
+    table = results_table([], [metrics | {"iteration": 1}])
+    assert "judge threshold (kappa) |" in table and f"| {calibrated:.3f} ({metrics['world_model/judge_replay_kappa']:.2f}) |" in table, table
+
+    judge.threshold = 0.5
+    resumed = refiner_for(vae, tmp_path)
+    resumed.judge_check = check
+    resumed.restore(0)  # before the round: the threshold it had
+    assert judge.threshold == 0.5
+    resumed.restore(1)
+    assert judge.threshold == calibrated
 
 
 def test_refining_rl_resumes_exactly(vae, tmp_path):

@@ -478,6 +478,12 @@ def test_a_lenient_judge_is_recalibrated_on_the_base_policys_replayed_episodes(t
     judge.threshold = 1e-3  # a resumed run: the saved threshold, no new calibration
     calibrate_threshold(None, policy, judge, 1.0, path)
     assert judge.threshold == saved["threshold"] and "calibrated before training" in capsys.readouterr().out
+    # ... and the saved episodes, on which a refined world model's threshold is chosen again (rl.refine_every)
+    resumed = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=env, seeds=[5000 + e for e in range(episodes)])
+    calibrate_threshold(resumed, policy, judge, 1.0, path)
+    assert torch.equal(resumed.labelled.actions, calibration.labelled.actions.cpu()) and resumed.labelled.first.instructions == calibration.labelled.first.instructions
+    judge.threshold = 1e-3
+    assert resumed.recalibrate_judge(1.0)["threshold"] == judge.threshold == saved["threshold"]
     # Episodes that all fail have no kappa to choose by: the threshold stays (the micro loop's case)
     never = RealityCheck(ToyEnv(episodes, radius=1e-4), [TASK], episodes, imagined_env=env)  # a target nobody reaches
     kept = never.calibrate_judge(policy, 1.0)

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
             tasks = list(train_sim_tasks)
         closers.append(env)
 
-        check = None
+        check = calibration = None
         eval_tasks = list(rl.eval_tasks) or list(train_sim_tasks)
         if rl.eval_episodes_per_task > 0:
             from worldloop.policies.evaluate import eval_seed
@@ -126,6 +126,11 @@ def run(args: argparse.Namespace, config: Config) -> int:
         refiner = None
         if args.env == "imagined" and rl.refine_every > 0:
             refiner = world_model_refiner(config, world_model, dataset, train_sim_tasks, args.out)
+            if calibration is not None and calibration.labelled is not None:
+                refiner.judge_check = calibration  # rl.judge_threshold=replay: chosen again in each refined world model
+            elif calibration is not None:
+                print("rl: the judge's calibration episodes were not saved (a run begun before they were): its threshold stays as "
+                      "calibrated through the refinement rounds")  # fmt: skip
             closers.append(refiner.real_env)
         results = train(policy, env, rl, args.out, seed=config.seed, tasks=tasks, reality_check=check, refiner=refiner,
                         progress_bar=not args.no_progress)  # fmt: skip
@@ -153,20 +158,26 @@ def load_rl_judge(spec: str, device, config: Config):
 
 def calibrate_threshold(calibration, policy, judge, tolerance_se: float, path) -> None:
     """rl.judge_threshold=replay: the judge's threshold from ``policy``'s real episodes replayed in the
-    world model (RealityCheck.calibrate_judge), saved to ``path``; a resumed run reads it back instead."""
+    world model (RealityCheck.calibrate_judge), saved to ``path``, and the episodes beside it (PATH's stem +
+    _episodes.pt, for rl.refine_every's recalibrations); a resumed run reads both back instead."""
     import json
     import time
 
+    from worldloop.rl.rollout import LabelledEpisodes
     from worldloop.utils.io import atomic_write_json
     from worldloop.utils.stats import format_kappa
 
+    episodes = path.with_name(f"{path.stem}_episodes.pt")
     if path.is_file():
         judge.threshold = float(json.loads(path.read_text())["threshold"])
         print(f"judge threshold {judge.threshold:.3f}, calibrated before training ({path})")
+        if calibration is not None and episodes.is_file():
+            calibration.labelled = LabelledEpisodes.load(episodes)
         return
     began = time.perf_counter()
     result = calibration.calibrate_judge(policy, tolerance_se)
     result["seconds"] = time.perf_counter() - began  # its cost: one real evaluation and one replay
+    calibration.labelled.save(episodes)
     atomic_write_json(path, result)
 
     def kappa(verdicts: dict) -> str:

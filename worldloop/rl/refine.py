@@ -17,6 +17,11 @@ does it every ``rl.refine_every`` iterations of one run:
    does not forget the scenes); an exponential moving average of its weights (``rl.refine_ema_decay``, as
    ``train-wm`` samples from its EMA) replaces the imagined environment's DiT.
 
+With ``rl.judge_threshold=replay``, the judge's threshold is then chosen again on the calibration's real
+episodes replayed in the refined world model (``judge_check``): calibrated on the unrefined model, it no
+longer fits what the refined one renders (the fifteenth H200 session: 0.995, and the refined model's
+replays of drawer-open judged 0.00 where reality said 0.44).
+
 Each round reports the real success of the rollouts (the training policy, in reality) and the loss of the
 DiT in use (the EMA) on the new clips before and after the round, on the same noise: how surprised it was by
 the policy, and how much the round taught it.
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +110,7 @@ class WorldModelRefiner:
         self.stateful = {"world_model_optimizer": self.optimizer}
         self.rounds: list[dict[str, torch.Tensor]] = []  # every round's clips: latents (M, C, 4, h, w), actions (M, 13, A) raw
         self.known: tuple[torch.Tensor, torch.Tensor] | None = None  # the dataset's clips of the training tasks, encoded once, on the device
+        self.judge_check: Any = None  # a RealityCheck whose labelled episodes choose the judge's threshold after each round
 
     def restore(self, iteration: int) -> None:
         """After loading a checkpoint of ``iteration``: the rounds saved up to it, and the DiT's refined weights in use."""
@@ -111,6 +118,9 @@ class WorldModelRefiner:
 
         self.rounds = [load_file(path) for path in sorted(self.out.glob("round_*.safetensors")) if int(path.stem.split("_")[1]) <= iteration]
         self._publish()
+        thresholds = [path for path in sorted(self.out.glob("judge_*.json")) if int(path.stem.split("_")[1]) <= iteration]
+        if self.judge_check is not None and thresholds:
+            self.judge_check.imagined_env.judge.threshold = float(json.loads(thresholds[-1].read_text())["threshold"])
 
     def save(self, folder: str | Path) -> Path:
         """The refined world model as a model folder (``train-wm``'s layout: rl, eval-wm and the loop load it)."""
@@ -147,6 +157,8 @@ class WorldModelRefiner:
         mean_loss = self._train(generator)
         after = self._loss_on(clips, iteration)
         self._publish()
+        if self.judge_check is not None:
+            reality |= self._recalibrate(iteration)
         return reality | {
             "world_model/refine_clips": float(sum(len(r["latents"]) for r in self.rounds)),
             "world_model/refine_loss": mean_loss,
@@ -154,6 +166,15 @@ class WorldModelRefiner:
             "world_model/refine_loss_new_after": after,
             "time/refine": time.perf_counter() - began,
         }
+
+    def _recalibrate(self, iteration: int) -> dict[str, float]:
+        """The judge's threshold chosen again on the calibration's episodes replayed in the refined world model."""
+        from worldloop.utils.io import atomic_write_json
+
+        result = self.judge_check.recalibrate_judge(self.rl.judge_threshold_tolerance_se)
+        atomic_write_json(self.out / f"judge_{iteration:06d}.json", result)  # a resumed run takes the threshold back from here
+        kappa = result["replayed_after"]["kappa"]  # None where the episodes all succeeded or all failed
+        return {"world_model/judge_threshold": result["threshold"]} | ({} if kappa is None else {"world_model/judge_replay_kappa": kappa})
 
     def _real_rollouts(self, policy: Any, iteration: int) -> tuple[list[RealEpisode], float]:
         per_task = self.rl.refine_episodes_per_task

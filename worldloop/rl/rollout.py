@@ -186,6 +186,7 @@ class RealityCheck:
         if len(self.seeds) != count:
             raise ValueError(f"RealityCheck got {len(self.seeds)} seeds for {count} episodes")
         self.temperature, self.greedy = temperature, greedy
+        self.labelled: LabelledEpisodes | None = None  # calibrate_judge's real episodes
         self.video_dir, self.videos_per_task = (Path(video_dir) if video_dir is not None else None), videos_per_task
 
     def __call__(self, policy: Any, tag: str = "eval") -> dict[str, Any]:
@@ -224,29 +225,38 @@ class RealityCheck:
         the highest within ``tolerance_se`` standard errors of the best. These are the frames RL's judge
         reads, from the successes and failures of the policy RL starts from; the held-out episodes
         train-reward chose its threshold on are mostly the expert's. The threshold stays where the
-        episodes all succeed or all fail (no kappa).
+        episodes all succeed or all fail (no kappa). The episodes stay in ``labelled``, for
+        :meth:`recalibrate_judge`.
         Returns the threshold, the one it replaced and the kappa of each."""
-        from worldloop.rewards.metrics import max_kappa_threshold
-
-        judge = self.imagined_env.judge
         first = self.real_env.reset(self.task_of_episode, self.seeds)
         real = collect(policy, self.real_env, first, self.temperature, self.greedy)
+        self.labelled = LabelledEpisodes(EnvReset(first.frames, list(first.instructions)), real.actions, real.done, real.success_once)
+        return self.recalibrate_judge(tolerance_se)
+
+    def recalibrate_judge(self, tolerance_se: float = 1.0) -> dict[str, Any]:
+        """:meth:`calibrate_judge`'s choice again, on the same real episodes (``labelled``) replayed in the world model
+        as it is now: after a refinement round has changed what it renders (worldloop.rl.refine)."""
+        from worldloop.rewards.metrics import max_kappa_threshold
+
+        if self.labelled is None:
+            raise ValueError("recalibrate_judge replays the episodes of an earlier calibrate_judge (or loaded into labelled): there are none")
+        episodes, judge = self.labelled, self.imagined_env.judge
         previous = judge.threshold
         judge.threshold = math.inf  # no replayed episode ends on a verdict: every chunk it ran gets scored
         try:
-            probability = replay(self.imagined_env, first, real).probability
+            probability = replay(self.imagined_env, episodes.first, episodes).probability
         finally:
             judge.threshold = previous
         best = streak_score(probability, getattr(self.imagined_env, "success_chunks", 1)).cpu().numpy()
-        chosen = max_kappa_threshold(best, real.success_once.cpu().numpy(), self.task_of_episode, tolerance_se)
+        chosen = max_kappa_threshold(best, episodes.success_once.cpu().numpy(), self.task_of_episode, tolerance_se)
         judge.threshold = previous if chosen is None else chosen
 
         def judged_at(threshold: float) -> dict[str, Any]:
             verdicts = torch.as_tensor(best >= threshold)
-            return summarize(verdicts, self.task_of_episode) | self._versus_real(real.success_once, verdicts) | {"threshold": threshold}
+            return summarize(verdicts, self.task_of_episode) | self._versus_real(episodes.success_once, verdicts) | {"threshold": threshold}
 
         return {"threshold": judge.threshold, "previous": previous, "calibrated": chosen is not None, "tolerance_se": tolerance_se,
-                "real": summarize(real.success_once, self.task_of_episode),
+                "real": summarize(episodes.success_once, self.task_of_episode),
                 "replayed_before": judged_at(previous), "replayed_after": judged_at(judge.threshold)}  # fmt: skip
 
     def _versus_real(self, real: torch.Tensor, verdicts: torch.Tensor) -> dict[str, Any]:
@@ -284,6 +294,34 @@ class RealityCheck:
 
 
 @dataclass
+class LabelledEpisodes:
+    """Real episodes as an open-loop replay needs them, with the simulator's verdicts: what
+    rl.judge_threshold=replay chooses the judge's threshold on, kept (and saved) so that a refined world
+    model's threshold can be chosen again on the same episodes."""
+
+    first: EnvReset
+    """The initial observations and instructions."""
+    actions: torch.Tensor
+    """(N, T, K, A) the action chunks the real episodes executed."""
+    done: torch.Tensor
+    """(N, T) bool: the episode had ended by the end of chunk t."""
+    success_once: torch.Tensor
+    """(N,) bool: the simulator's verdict."""
+
+    def save(self, path: str | Path) -> None:
+        from worldloop.utils.io import atomic_path
+
+        tensors = {"frames": self.first.frames, "actions": self.actions, "done": self.done, "success_once": self.success_once}
+        with atomic_path(Path(path)) as tmp:
+            torch.save({name: value.cpu() for name, value in tensors.items()} | {"instructions": list(self.first.instructions)}, tmp)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "LabelledEpisodes":
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        return cls(EnvReset(saved["frames"], saved["instructions"]), saved["actions"], saved["done"], saved["success_once"])
+
+
+@dataclass
 class Replay:
     """The imagined environment driven open loop by a real run's own action chunks (no policy): what
     differs from reality here is the world model and the judge alone."""
@@ -297,7 +335,7 @@ class Replay:
 
 
 @torch.no_grad()
-def replay(env: Any, first: EnvReset, real: Rollout) -> Replay:
+def replay(env: Any, first: EnvReset, real: Rollout | LabelledEpisodes) -> Replay:
     """The imagined ``env`` from the real run's initial observations, stepped by the real run's action chunks."""
     env.reset_to(first.frames, list(first.instructions))
     executed = torch.cat([torch.ones_like(real.done[:, :1]), ~real.done[:, :-1]], dim=1)  # (N, T): chunk t ran in reality

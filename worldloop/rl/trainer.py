@@ -517,13 +517,20 @@ def results_table(evaluations: list[dict[str, Any]], history: list[dict[str, Any
         lines += [row for result in sourced for row in sources_by_task_rows(result)]
     rounds = [h for h in history if "world_model/refine_real_success" in h]
     if rounds:
+        judged = any("world_model/judge_threshold" in h for h in rounds)  # rl.judge_threshold=replay: chosen again each round
         lines += ["", "World-model refinement on the policy's real rollouts (rl.refine_every): the DiT's loss on each round's new clips,",
-                  "on the same noise, before and after the round:", "",
-                  "| iteration | real episodes so far | their real success this round | loss before | loss after | seconds |", "|---|---|---|---|---|---|"]
+                  "on the same noise, before and after the round" + (", and the judge's threshold chosen again on the calibration's" if judged else ":"),
+                  *(["episodes replayed in the refined world model (kappa against the simulator):"] if judged else []), "",
+                  "| iteration | real episodes so far | their real success this round | loss before | loss after | seconds |"
+                  + (" judge threshold (kappa) |" if judged else ""), "|---|---|---|---|---|---|" + ("---|" if judged else "")]  # fmt: skip
         for h in rounds:
             before, after = h.get("world_model/refine_loss_new_before"), h.get("world_model/refine_loss_new_after")  # absent: no clip this round
-            lines.append(f"| {h['iteration']} | {h['world_model/refine_real_episodes']:.0f} | {h['world_model/refine_real_success']:.3f} | "
-                         f"{'-' if before is None else f'{before:.4f}'} | {'-' if after is None else f'{after:.4f}'} | {h['time/refine']:.0f} |")
+            row = (f"| {h['iteration']} | {h['world_model/refine_real_episodes']:.0f} | {h['world_model/refine_real_success']:.3f} | "
+                   f"{'-' if before is None else f'{before:.4f}'} | {'-' if after is None else f'{after:.4f}'} | {h['time/refine']:.0f} |")
+            if judged:
+                threshold, kappa = h.get("world_model/judge_threshold"), h.get("world_model/judge_replay_kappa", math.nan)
+                row += " - |" if threshold is None else f" {threshold:.3f} ({'-' if math.isnan(kappa) else f'{kappa:.2f}'}) |"
+            lines.append(row)
     return "\n".join(lines) + "\n"
 
 
