@@ -171,10 +171,13 @@ class WorldModelRefiner:
         """The judge's threshold chosen again on the calibration's episodes replayed in the refined world model."""
         from worldloop.utils.io import atomic_write_json
 
+        began = time.perf_counter()
         result = self.judge_check.recalibrate_judge(self.rl.judge_threshold_tolerance_se)
+        result["seconds"] = time.perf_counter() - began  # one replay of the calibration's episodes
         atomic_write_json(self.out / f"judge_{iteration:06d}.json", result)  # a resumed run takes the threshold back from here
         kappa = result["replayed_after"]["kappa"]  # None where the episodes all succeeded or all failed
-        return {"world_model/judge_threshold": result["threshold"]} | ({} if kappa is None else {"world_model/judge_replay_kappa": kappa})
+        return ({"world_model/judge_threshold": result["threshold"], "time/refine_judge": result["seconds"]}
+                | ({} if kappa is None else {"world_model/judge_replay_kappa": kappa}))  # fmt: skip
 
     def _real_rollouts(self, policy: Any, iteration: int) -> tuple[list[RealEpisode], float]:
         per_task = self.rl.refine_episodes_per_task
