@@ -456,6 +456,7 @@ def test_a_lenient_judge_is_recalibrated_on_the_base_policys_replayed_episodes(t
     policy's own real episodes replayed in the world model; from then on it no longer says more than the
     simulator on the evaluation's episodes (other initial states). A resumed run reads the saved threshold."""
     from worldloop.commands.rl import calibrate_threshold
+    from worldloop.rl.rollout import LabelledEpisodes
 
     torch.manual_seed(0)
     policy, episodes = ToyPolicy(), 64
@@ -484,6 +485,9 @@ def test_a_lenient_judge_is_recalibrated_on_the_base_policys_replayed_episodes(t
     assert torch.equal(resumed.labelled.actions, calibration.labelled.actions.cpu()) and resumed.labelled.first.instructions == calibration.labelled.first.instructions
     judge.threshold = 1e-3
     assert resumed.recalibrate_judge(1.0)["threshold"] == judge.threshold == saved["threshold"]
+    (tmp_path / "broken.pt").write_bytes(b"not a torch file")
+    with pytest.raises(ValueError, match="broken.pt is not a file of labelled episodes"):
+        LabelledEpisodes.load(tmp_path / "broken.pt")
     # Episodes that all fail have no kappa to choose by: the threshold stays (the micro loop's case)
     never = RealityCheck(ToyEnv(episodes, radius=1e-4), [TASK], episodes, imagined_env=env)  # a target nobody reaches
     kept = never.calibrate_judge(policy, 1.0)

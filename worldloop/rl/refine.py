@@ -116,11 +116,15 @@ class WorldModelRefiner:
         """After loading a checkpoint of ``iteration``: the rounds saved up to it, and the DiT's refined weights in use."""
         from safetensors.torch import load_file
 
-        self.rounds = [load_file(path) for path in sorted(self.out.glob("round_*.safetensors")) if int(path.stem.split("_")[1]) <= iteration]
+        self.rounds = [load_file(path) for path in self._saved("round_*.safetensors", iteration)]
         self._publish()
-        thresholds = [path for path in sorted(self.out.glob("judge_*.json")) if int(path.stem.split("_")[1]) <= iteration]
+        thresholds = self._saved("judge_*.json", iteration)
         if self.judge_check is not None and thresholds:
             self.judge_check.imagined_env.judge.threshold = float(json.loads(thresholds[-1].read_text())["threshold"])
+
+    def _saved(self, pattern: str, iteration: int) -> list[Path]:
+        """This run's round files (NAME_<iteration>.EXT) up to ``iteration``, oldest first."""
+        return [path for path in sorted(self.out.glob(pattern)) if int(path.stem.split("_")[1]) <= iteration]
 
     def save(self, folder: str | Path) -> Path:
         """The refined world model as a model folder (``train-wm``'s layout: rl, eval-wm and the loop load it)."""
@@ -190,7 +194,7 @@ class WorldModelRefiner:
         return rollout_episodes(first, rollout), float(rollout.success_once.float().mean())
 
     def _train(self, generator: torch.Generator) -> float:
-        from worldloop.worldmodel.train import flow_matching_loss
+        from worldloop.worldmodel.train import ema_step, flow_matching_loss
 
         pools = [self._on_device(self.rounds)] + ([self.known] if self.known is not None else [])
         batch = self.clip_config.batch_size
@@ -206,9 +210,7 @@ class WorldModelRefiner:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.master.parameters(), self.clip_config.grad_clip)
             self.optimizer.step()
-            with torch.no_grad():
-                for average, weight in zip(self.ema.parameters(), self.master.parameters()):
-                    average.lerp_(weight, 1.0 - self.rl.refine_ema_decay)
+            ema_step(self.ema, self.master, self.rl.refine_ema_decay)
             losses.append(float(loss.detach()))
         self.master.eval()
         return float(np.mean(losses)) if losses else float("nan")

@@ -230,7 +230,7 @@ class RealityCheck:
         Returns the threshold, the one it replaced and the kappa of each."""
         first = self.real_env.reset(self.task_of_episode, self.seeds)
         real = collect(policy, self.real_env, first, self.temperature, self.greedy)
-        self.labelled = LabelledEpisodes(EnvReset(first.frames, list(first.instructions)), real.actions, real.done, real.success_once)
+        self.labelled = LabelledEpisodes(first, real.actions, real.done, real.success_once)
         return self.recalibrate_judge(tolerance_se)
 
     def recalibrate_judge(self, tolerance_se: float = 1.0) -> dict[str, Any]:
@@ -317,7 +317,10 @@ class LabelledEpisodes:
 
     @classmethod
     def load(cls, path: str | Path) -> "LabelledEpisodes":
-        saved = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:  # a truncated or foreign file: say which, not torch's unpickling details
+            raise ValueError(f"{path} is not a file of labelled episodes that rl wrote ({type(error).__name__}: {str(error)[:200]})") from error
         return cls(EnvReset(saved["frames"], saved["instructions"]), saved["actions"], saved["done"], saved["success_once"])
 
 

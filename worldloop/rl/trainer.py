@@ -518,11 +518,13 @@ def results_table(evaluations: list[dict[str, Any]], history: list[dict[str, Any
     rounds = [h for h in history if "world_model/refine_real_success" in h]
     if rounds:
         judged = any("world_model/judge_threshold" in h for h in rounds)  # rl.judge_threshold=replay: chosen again each round
+        columns = ["iteration", "real episodes so far", "their real success this round", "loss before", "loss after", "seconds"]
         lines += ["", "World-model refinement on the policy's real rollouts (rl.refine_every): the DiT's loss on each round's new clips,",
-                  "on the same noise, before and after the round" + (", and the judge's threshold chosen again on the calibration's" if judged else ":"),
-                  *(["episodes replayed in the refined world model (kappa against the simulator):"] if judged else []), "",
-                  "| iteration | real episodes so far | their real success this round | loss before | loss after | seconds |"
-                  + (" judge threshold (kappa) |" if judged else ""), "|---|---|---|---|---|---|" + ("---|" if judged else "")]  # fmt: skip
+                  "on the same noise, before and after the round" + (", and the judge's threshold chosen again on the calibration's" if judged else ":")]
+        if judged:
+            lines.append("episodes replayed in the refined world model (kappa against the simulator):")
+            columns.append("judge threshold (kappa)")
+        lines += ["", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         for h in rounds:
             before, after = h.get("world_model/refine_loss_new_before"), h.get("world_model/refine_loss_new_after")  # absent: no clip this round
             row = (f"| {h['iteration']} | {h['world_model/refine_real_episodes']:.0f} | {h['world_model/refine_real_success']:.3f} | "

@@ -397,10 +397,7 @@ def train_world_model(
         grad_norm = torch.nn.utils.clip_grad_norm_(dit.parameters(), config.grad_clip)
         optimizer.step()
         scheduler.step()
-        with torch.no_grad():
-            decay = min(config.ema_decay, (1 + step) / (10 + step))
-            for p_ema, p in zip(ema.parameters(), dit.parameters()):
-                p_ema.lerp_(p, 1 - decay)
+        ema_step(ema, dit, min(config.ema_decay, (1 + step) / (10 + step)))
         loss_value = float(loss.detach())
         done = step + 1
         if done % config.log_every == 0 or done == config.steps:
@@ -423,6 +420,13 @@ def train_world_model(
                                              "train_seconds_this_run": time.time() - budget.started,
                                              "parameters_millions": sum(p.numel() for p in ema.parameters()) / 1e6})  # fmt: skip
     return model
+
+
+@torch.no_grad()
+def ema_step(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
+    """One step of the exponential moving average of ``model``'s weights in ``ema``: ema <- decay ema + (1 - decay) model."""
+    for average, weight in zip(ema.parameters(), model.parameters()):
+        average.lerp_(weight, 1.0 - decay)
 
 
 def flow_matching_loss(dit, x0: torch.Tensor, actions: torch.Tensor, config: WorldModelConfig, generator: torch.Generator) -> torch.Tensor:
