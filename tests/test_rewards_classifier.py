@@ -55,10 +55,14 @@ def test_episode_threshold_judges_episodes_the_way_rl_does():
     scores, truth = np.array([0.1, 0.2, 0.3, 0.4]), np.array([False, True, False, True])
     assert max_kappa_threshold(scores, truth, np.zeros(4)) == pytest.approx(0.4)  # the highest of the best
     # Chance within tasks: when task 0 always succeeds and task 1 always fails, separating them is no
-    # skill (kappa <= 0 at every threshold), and the highest threshold is kept; pooled, 0.3 is perfect.
+    # skill (kappa <= 0 at every threshold): none is chosen; pooled, 0.3 is perfect.
     scores, truth = np.array([0.3, 0.4, 0.1, 0.2]), np.array([True, True, False, False])
     assert max_kappa_threshold(scores, truth, np.zeros(4)) == pytest.approx(0.3)
-    assert max_kappa_threshold(scores, truth, np.array([0, 0, 1, 1])) == pytest.approx(0.4)
+    assert max_kappa_threshold(scores, truth, np.array([0, 0, 1, 1])) is None
+    # Significance: [F, T, F, T] at 0.4 has kappa 1/2 (agreement 3/4, SE sqrt(3/16 / 4) * 2 ~ 0.433), 1.15 SE above 0
+    scores, truth = np.array([0.1, 0.2, 0.3, 0.4]), np.array([False, True, False, True])
+    assert max_kappa_threshold(scores, truth, np.zeros(4), significance_se=1.0) == pytest.approx(0.4)
+    assert max_kappa_threshold(scores, truth, np.zeros(4), significance_se=1.2) is None
     assert max_kappa_threshold(np.full(4, 0.5), np.ones(4, bool), np.zeros(4)) is None  # chance 1: undefined
     # Within standard errors: 8 episodes, success [F F F T F T T T], scores 0.1 ... 0.8. ">= 0.4" and
     # ">= 0.6" each misjudge one episode (agreement 7/8, chance 1/2: kappa 3/4, SE sqrt(7/64 / 8) * 2 ~ 0.234);

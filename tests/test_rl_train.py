@@ -454,9 +454,15 @@ def test_a_lenient_judge_is_recalibrated_on_the_base_policys_replayed_episodes(t
     """rl.judge_threshold=replay: a judge that passes near misses (threshold 0.001 on the toy judge's
     sigmoid margin) gets the highest threshold within one standard error of the best kappa on the
     policy's own real episodes replayed in the world model; from then on it no longer says more than the
-    simulator on the evaluation's episodes (other initial states). A resumed run reads the saved threshold."""
-    from worldloop.commands.rl import calibrate_threshold
+    simulator on the evaluation's episodes (other initial states). A resumed run reads the saved threshold.
+    Where no threshold agrees beyond chance (a world model blind to the actions), the threshold stays, and
+    rl.train_tasks=tracked finds no task to train on."""
+    from worldloop.commands.rl import calibrate_threshold, tracked_tasks
+    from worldloop.config import ConfigError
+    from worldloop.rl.configuration import RLConfig
     from worldloop.rl.rollout import LabelledEpisodes
+
+    rl = RLConfig()  # judge_threshold_tolerance_se 1, judge_threshold_significance_se 2
 
     torch.manual_seed(0)
     policy, episodes = ToyPolicy(), 64
@@ -467,7 +473,7 @@ def test_a_lenient_judge_is_recalibrated_on_the_base_policys_replayed_episodes(t
     assert before["gap_sources"]["judged_real"]["success_once"] > before["real"]["success_once"] + 0.05, before
     calibration = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=env, seeds=[5000 + e for e in range(episodes)])
     path = tmp_path / "judge_calibration.json"
-    calibrate_threshold(calibration, policy, judge, 1.0, path)
+    calibrate_threshold(calibration, policy, judge, rl, path)
     saved = json.loads(path.read_text())
     assert judge.threshold == saved["threshold"] > 0.1 and saved["previous"] == 1e-3 and saved["seconds"] > 0
     assert saved["replayed_after"]["kappa"] > saved["replayed_before"]["kappa"], saved
@@ -477,11 +483,11 @@ def test_a_lenient_judge_is_recalibrated_on_the_base_policys_replayed_episodes(t
     after = check(policy)
     assert after["gap_sources"]["judged_real"]["success_once"] <= after["real"]["success_once"], after
     judge.threshold = 1e-3  # a resumed run: the saved threshold, no new calibration
-    calibrate_threshold(None, policy, judge, 1.0, path)
+    calibrate_threshold(None, policy, judge, rl, path)
     assert judge.threshold == saved["threshold"] and "calibrated before training" in capsys.readouterr().out
     # ... and the saved episodes, on which a refined world model's threshold is chosen again (rl.refine_every)
     resumed = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=env, seeds=[5000 + e for e in range(episodes)])
-    calibrate_threshold(resumed, policy, judge, 1.0, path)
+    calibrate_threshold(resumed, policy, judge, rl, path)
     assert torch.equal(resumed.labelled.actions, calibration.labelled.actions.cpu()) and resumed.labelled.first.instructions == calibration.labelled.first.instructions
     judge.threshold = 1e-3
     assert resumed.recalibrate_judge(1.0)["threshold"] == judge.threshold == saved["threshold"]
@@ -494,8 +500,19 @@ def test_a_lenient_judge_is_recalibrated_on_the_base_policys_replayed_episodes(t
     assert kept["real"]["success_once"] == 0.0 and not kept["calibrated"] and judge.threshold == kept["threshold"] == saved["threshold"]
     # A world model that ignores the actions succeeds in every replay: no threshold separates the real outcomes
     blind = ImaginedEnv(Drifting(), ToyJudge(threshold=1e-3), make_pool(32, 3), episodes, 1, max_steps=16, kir_ratio=0.0)
-    calibrate_threshold(RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=blind), policy, blind.judge, 1.0, tmp_path / "blind.json")
-    assert "WARNING even at the calibrated threshold" in capsys.readouterr().out
+    calibrate_threshold(RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=blind), policy, blind.judge, rl, tmp_path / "blind.json")
+    printed, blind_result = capsys.readouterr().out, json.loads((tmp_path / "blind.json").read_text())
+    # ... and the judge keeps its threshold: the highest one, passing a single episode near kappa 0, would otherwise win
+    assert not blind_result["calibrated"] and blind.judge.threshold == blind_result["previous"] == 1e-3, blind_result
+    assert "no threshold's verdicts agree with the simulator's more than 2 SE beyond chance" in blind_result["kept_because"]
+    assert "judge threshold 0.001 kept: no threshold's verdicts agree" in printed and "WARNING at the judge's threshold" in printed, printed
+    # rl.train_tasks=tracked: the calibration's own per-task kappa decides where RL trains
+    assert tracked_tasks(saved, [TASK], rl.judge_threshold_significance_se) == [TASK] and TASK in capsys.readouterr().out
+    assert tracked_tasks(saved, [TASK, "reach-v3"], rl.judge_threshold_significance_se) == [TASK]  # reach-v3 was not calibrated
+    with pytest.raises(ConfigError, match="no task's replays agree with the simulator more than 2 SE"):
+        tracked_tasks(blind_result, [TASK], rl.judge_threshold_significance_se)
+    with pytest.raises(ValueError, match="train_tasks 'tracked'"):
+        RLConfig(train_tasks="tracked").validate()
 
 
 def test_a_reality_check_across_resolutions_is_refused_before_it_runs():

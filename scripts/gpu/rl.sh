@@ -58,7 +58,7 @@ results = json.loads(path.read_text())
 print((out / "rl" / "results.md").read_text())
 log = out / "rl.log"
 for line in log.read_text().splitlines() if log.is_file() else []:  # rl.judge_threshold=replay: rl's own line on the calibration
-    if line.startswith("judge threshold"):
+    if line.startswith(("judge threshold", "rl: training on")):
         print(line)
 evals = results["evaluations"]
 def change(a, b):

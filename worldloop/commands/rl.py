@@ -45,6 +45,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
             raise ConfigError(f"rl.kir_ratio={rl.kir_ratio} but no --keyframes: pass a folder from `worldloop kir`, or set rl.kir_ratio=0")
     elif rl.refine_every > 0:
         raise ConfigError(f"rl.refine_every={rl.refine_every} refines the world model of --env imagined; --env real has none to refine")
+    elif rl.train_tasks == "tracked":
+        raise ConfigError("rl.train_tasks=tracked keeps the tasks that imagination tracks; --env real trains in the simulator itself")
     elif args.keyframes or args.dataset:
         raise ConfigError("--keyframes and --dataset have no use with --env real (the simulator starts from its own initial states); "
                           "--world-model and --judge, when given, measure the imagination-reality gap")
@@ -121,7 +123,10 @@ def run(args: argparse.Namespace, config: Config) -> int:
                 # initial states apart from the evaluations', so that those stay out of sample
                 others = [eval_seed(task, rl.eval_episodes_per_task + e, config.eval.seed_offset) for task in eval_tasks for e in range(rl.eval_episodes_per_task)]
                 calibration = RealityCheck(real_env, eval_tasks, rl.eval_episodes_per_task, gap_env, others, config.eval.temperature, config.eval.greedy)
-                calibrate_threshold(calibration, policy, judge, rl.judge_threshold_tolerance_se, Path(args.out) / "judge_calibration.json")
+                calibrated = calibrate_threshold(calibration, policy, judge, rl, Path(args.out) / "judge_calibration.json")
+                if rl.train_tasks == "tracked":
+                    train_sim_tasks = tracked_tasks(calibrated, train_sim_tasks, rl.judge_threshold_significance_se)
+                    tasks = [instruction_of(task) for task in train_sim_tasks]
 
         refiner = None
         if args.env == "imagined" and rl.refine_every > 0:
@@ -156,10 +161,11 @@ def load_rl_judge(spec: str, device, config: Config):
     return judge
 
 
-def calibrate_threshold(calibration, policy, judge, tolerance_se: float, path) -> None:
+def calibrate_threshold(calibration, policy, judge, rl, path) -> dict:
     """rl.judge_threshold=replay: the judge's threshold from ``policy``'s real episodes replayed in the
     world model (RealityCheck.calibrate_judge), saved to ``path``, and the episodes beside it (PATH's stem +
-    _episodes.pt, for rl.refine_every's recalibrations); a resumed run reads both back instead."""
+    _episodes.pt, for rl.refine_every's recalibrations); a resumed run reads both back instead. Returns the
+    calibration (what ``path`` holds)."""
     import json
     import time
 
@@ -169,13 +175,14 @@ def calibrate_threshold(calibration, policy, judge, tolerance_se: float, path) -
 
     episodes = path.with_name(f"{path.stem}_episodes.pt")
     if path.is_file():
-        judge.threshold = float(json.loads(path.read_text())["threshold"])
+        result = json.loads(path.read_text())
+        judge.threshold = float(result["threshold"])
         print(f"judge threshold {judge.threshold:.3f}, calibrated before training ({path})")
         if calibration is not None and episodes.is_file():
             calibration.labelled = LabelledEpisodes.load(episodes)
-        return
+        return result
     began = time.perf_counter()
-    result = calibration.calibrate_judge(policy, tolerance_se)
+    result = calibration.calibrate_judge(policy, rl.judge_threshold_tolerance_se, rl.judge_threshold_significance_se)
     result["seconds"] = time.perf_counter() - began  # its cost: one real evaluation and one replay
     calibration.labelled.save(episodes)
     atomic_write_json(path, result)
@@ -184,19 +191,47 @@ def calibrate_threshold(calibration, policy, judge, tolerance_se: float, path) -
         return "undefined" if verdicts["kappa"] is None else format_kappa(verdicts["kappa"], verdicts["kappa_stderr"])
 
     before, after = result["replayed_before"], result["replayed_after"]
-    if not result["calibrated"]:
-        print(f"judge threshold {result['previous']:.3f} kept: the base policy's {result['real']['episodes']} real episodes "
-              f"(success {result['real']['success_once']:.3f}) need successes and failures to calibrate it on ({path})")  # fmt: skip
-        return
-    print(f"judge threshold {result['previous']:.3f} -> {result['threshold']:.3f}, chosen on the base policy's real episodes replayed "
-          f"in the world model (n={result['real']['episodes']}, real success {result['real']['success_once']:.3f}): judged "
-          f"{before['success_once']:.3f} -> {after['success_once']:.3f}, kappa {kappa(before)} -> {kappa(after)}, in {result['seconds']:.0f} s ({path})")  # fmt: skip
+    if result["calibrated"]:
+        print(f"judge threshold {result['previous']:.3f} -> {result['threshold']:.3f}, chosen on the base policy's real episodes replayed "
+              f"in the world model (n={result['real']['episodes']}, real success {result['real']['success_once']:.3f}): judged "
+              f"{before['success_once']:.3f} -> {after['success_once']:.3f}, kappa {kappa(before)} -> {kappa(after)}, in {result['seconds']:.0f} s ({path})")  # fmt: skip
+    else:
+        print(f"judge threshold {result['previous']:.3f} kept: {result['kept_because']} on the base policy's {result['real']['episodes']} "
+              f"real episodes replayed in the world model (real success {result['real']['success_once']:.3f}; judged "
+              f"{before['success_once']:.3f}, kappa {kappa(before)}), in {result['seconds']:.0f} s ({path})")  # fmt: skip
     if after["kappa"] is None or after["kappa"] < 2 * after["kappa_stderr"]:
-        # the thirteenth H200 session with rl.success_chunks=2: kappa 0.06 ± 0.07 at the chosen threshold
-        print(f"rl: WARNING even at the calibrated threshold the replays' verdicts agree with the simulator's no better than chance "
-              f"(kappa {kappa(after)}): no threshold lets this judge tell the starting policy's successes from its failures in "
+        # the thirteenth H200 session with rl.success_chunks=2: kappa 0.06 ± 0.07; the sixteenth's: <= 0 at every threshold
+        print(f"rl: WARNING at the judge's threshold the replays' verdicts agree with the simulator's no better than chance "
+              f"(kappa {kappa(after)}): this judge cannot tell the starting policy's successes from its failures in "
               "this world model, so RL's reward will be noise. Check the replays (`calibrate-reward --world-model` on the "
               "policy's rollouts), a lower rl.success_chunks, or other tasks")  # fmt: skip
+    return result
+
+
+def tracked_tasks(calibration: dict, candidates: list[str], significance_se: float) -> list[str]:
+    """rl.train_tasks=tracked: the ``candidates`` whose replays in ``calibration`` (calibrate_threshold's) agree with
+    the simulator within the task more than ``significance_se`` standard errors beyond chance at its threshold."""
+    from worldloop.utils.stats import format_kappa, kappa_above_chance
+
+    per_task = calibration["replayed_after"]["per_task_kappa"]
+
+    def tracked(task: str) -> bool:
+        return task in per_task and kappa_above_chance(per_task[task]["kappa"], per_task[task]["kappa_stderr"], significance_se)
+
+    def described(task: str) -> str:
+        if task not in per_task:
+            return f"{task} not calibrated (not in rl.eval_tasks)"
+        kappa = per_task[task]["kappa"]
+        return f"{task} " + ("undefined" if kappa is None else format_kappa(kappa, per_task[task]["kappa_stderr"]))
+
+    chosen = [task for task in candidates if tracked(task)]
+    kappas = ", ".join(described(task) for task in candidates)
+    if not chosen:
+        raise ConfigError(f"rl.train_tasks=tracked: no task's replays agree with the simulator more than {significance_se:g} SE beyond chance "
+                          f"(kappa within each task: {kappas}), so RL's reward would be noise on all of them; try other tasks, "
+                          "a better world model or judge, or rl.train_tasks=all")  # fmt: skip
+    print(f"rl: training on {', '.join(chosen)} of {', '.join(candidates)}, the tasks whose replays the judge tracks (kappa: {kappas})")
+    return chosen
 
 
 def world_model_refiner(config: Config, world_model, dataset, tasks: list[str], out: str):

@@ -33,6 +33,11 @@ class ClassifierConfig:
     noise: the twelfth H200 session's landed on 0.125 (kappa 0.22 +- 0.17), whose judge then passed 11 of the
     base policy's 12 failed rollouts' replays and 0.90 of its real episodes (real 0.45), and RL learned to
     fail in ways it passed. RL is paid for a false success and only loses signal on a missed one."""
+    threshold_significance_se: float = 1.0
+    """'episode_kappa': only thresholds whose kappa is above 0 by more than this many standard errors are
+    chosen; where none is, `threshold` stays (where no threshold agrees beyond chance, the highest one, which
+    passes a single episode at kappa ~0, would win). Lower than rl.judge_threshold_significance_se (2) because
+    ~80 held-out episodes give kappa a standard error of ~0.15, and rl's replay calibration comes after."""
     steps: int = 300
     """Optimizer steps of training."""
     batch_size: int = 64
@@ -65,6 +70,8 @@ class ClassifierConfig:
             raise ValueError("classifier: 0 < threshold < 1, 0 <= held_out_fraction < 1 and 0 <= blur_prob <= 1 are required")
         if self.threshold_tolerance_se < 0:
             raise ValueError(f"classifier: threshold_tolerance_se must be >= 0, got {self.threshold_tolerance_se}")
+        if self.threshold_significance_se < 0:
+            raise ValueError(f"classifier: threshold_significance_se must be >= 0, got {self.threshold_significance_se}")
         if self.lr <= 0 or self.weight_decay < 0 or self.jitter < 0 or self.noise_std < 0:
             raise ValueError("classifier: lr > 0 and weight_decay, jitter, noise_std >= 0 are required")
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from worldloop.utils.stats import agreement_beyond_chance
+from worldloop.utils.stats import agreement_beyond_chance, kappa_above_chance
 
 
 def average_ranks(values: np.ndarray) -> np.ndarray:
@@ -104,25 +104,32 @@ def episode_verdict_metrics(success: np.ndarray, judged: np.ndarray, strata: lis
     }
 
 
-def max_kappa_threshold(scores: np.ndarray, success: np.ndarray, strata: np.ndarray, tolerance_se: float = 0.0) -> float | None:
+def max_kappa_threshold(scores: np.ndarray, success: np.ndarray, strata: np.ndarray, tolerance_se: float = 0.0,
+                        significance_se: float = 0.0) -> float | None:  # fmt: skip
     """The threshold (among the observed per-episode ``scores``) whose verdicts ``score >= threshold``
     agree with the episodes' ``success`` most beyond chance: Cohen's kappa, with chance taken within
     each stratum (task). Of thresholds whose kappa lies within ``tolerance_se`` standard errors of the
     best one's, the highest (the one-standard-error rule with 1.0): the fewest false successes, which
-    RL would be paid for, among those the data cannot tell apart. None when the episodes all succeed or
-    all fail (judging them all alike agrees perfectly but has no kappa, and any other threshold only
-    looks as good by chance) or kappa is undefined at every candidate."""
+    RL would be paid for, among those the data cannot tell apart.
+
+    Only thresholds whose kappa is above 0 by more than ``significance_se`` of its standard errors take
+    part: where none agrees beyond chance, the highest threshold (the judge passes one episode, kappa
+    near 0) would otherwise be the best and be chosen, and the judge would never say success again (the
+    sixteenth H200 session: kappa -0.13 at the trained threshold, 0.999 chosen, no success judged even on
+    real frames). None then, and when the episodes all succeed or all fail (judging them all alike agrees
+    perfectly but has no kappa, and any other threshold only looks as good by chance)."""
     scores, success = np.asarray(scores, dtype=np.float64), np.asarray(success, dtype=bool)
     if success.all() or not success.any():
         return None
     candidates = np.unique(scores)  # ascending
     verdicts = [agreement_beyond_chance(success, scores >= candidate, list(strata)) for candidate in candidates]
-    defined = [(float(c), v["kappa"], v["kappa_stderr"]) for c, v in zip(candidates, verdicts) if v["kappa"] is not None]
-    if not defined:
+    beyond_chance = [(float(c), v["kappa"], v["kappa_stderr"]) for c, v in zip(candidates, verdicts)
+                     if kappa_above_chance(v["kappa"], v["kappa_stderr"], significance_se)]  # fmt: skip
+    if not beyond_chance:
         return None
-    _, best_kappa, best_stderr = max(defined, key=lambda d: (d[1], d[0]))
+    _, best_kappa, best_stderr = max(beyond_chance, key=lambda d: (d[1], d[0]))
     floor = best_kappa - tolerance_se * best_stderr
-    return max(candidate for candidate, kappa, _ in defined if kappa >= floor - 1e-12)
+    return max(candidate for candidate, kappa, _ in beyond_chance if kappa >= floor - 1e-12)
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float | None:

@@ -147,7 +147,7 @@ def train_classifier(
 
     model.eval()
     chosen_on = choose_threshold(model, config.threshold_from, (also_evaluate or {}).get(threshold_on, held_out), threshold_on, verdict_every,
-                                 config.threshold_tolerance_se)  # fmt: skip
+                                 config.threshold_tolerance_se, config.threshold_significance_se)  # fmt: skip
     model.save_pretrained(out / MODEL_SUBFOLDER)
     metrics = {
         "steps": step,
@@ -163,20 +163,21 @@ def train_classifier(
 
 
 def choose_threshold(model: SuccessClassifier, rule: str, data: LabelledFrames | None, name: str, verdict_every: int = 8,
-                     tolerance_se: float = 0.0) -> str:  # fmt: skip
+                     tolerance_se: float = 0.0, significance_se: float = 0.0) -> str:  # fmt: skip
     """Set ``model.threshold`` by ``rule`` on ``data`` (called ``name``): 'max_f1' or 'youden' over its
     frames, 'episode_kappa' over its episodes judged once per ``verdict_every`` frames (the highest
-    threshold within ``tolerance_se`` standard errors of the best kappa). Returns what it was chosen on
-    ('fixed' when the rule is 'fixed' or the data lack a class, with a note)."""
+    threshold within ``tolerance_se`` standard errors of the best kappa, among those more than
+    ``significance_se`` standard errors above 0). Returns what it was chosen on ('fixed' when the rule is
+    'fixed', the data lack a class or no threshold agrees beyond chance, with a note)."""
     if rule == "fixed":
         return "fixed"
     labels = data.success.cpu().numpy() if data is not None and len(data) else np.zeros(0, bool)
     if rule == "episode_kappa" and len(labels):
         scores, success, task = episode_scores(predict(model, data), data, verdict_every)
-        threshold = max_kappa_threshold(scores, success, task, tolerance_se)
+        threshold = max_kappa_threshold(scores, success, task, tolerance_se, significance_se)
         if threshold is None:
-            print(f"train-reward: threshold_from={rule} needs episodes that succeed and episodes that fail in '{name}', "
-                  f"with kappa defined; keeping threshold {model.threshold}")  # fmt: skip
+            print(f"train-reward: threshold_from={rule} needs episodes that succeed and episodes that fail in '{name}', and a "
+                  f"threshold whose kappa is more than {significance_se:g} SE above 0; keeping threshold {model.threshold}")  # fmt: skip
             return "fixed"
         model.threshold = threshold
         return f"{rule} on {name} ({len(scores)} episodes, a verdict every {verdict_every} frames, the highest within {tolerance_se:g} SE of the best)"

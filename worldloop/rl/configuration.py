@@ -39,6 +39,18 @@ class RLConfig:
     judge_threshold_tolerance_se: float = 1.0
     """rl.judge_threshold 'replay': of the thresholds within this many standard errors of the best kappa, the
     highest (RL is paid for a false success; a missed one only costs signal); 0: the best itself."""
+    judge_threshold_significance_se: float = 2.0
+    """rl.judge_threshold 'replay': only thresholds whose kappa is above 0 by more than this many standard errors
+    are chosen; where none is, the judge keeps its threshold and rl warns that its reward is noise. Without it
+    the sixteenth H200 session's calibration (kappa <= 0 at every threshold) chose 0.999, where the judge passed
+    nothing, not even real successes."""
+    train_tasks: Literal["all", "tracked"] = "all"
+    """'all': train on every task of --tasks (or the dataset's). 'tracked' (needs rl.judge_threshold 'replay'):
+    only on those among them whose replays in the calibration agree with the simulator, within the task, more
+    than rl.judge_threshold_significance_se standard errors beyond chance at the chosen threshold; rl stops
+    with an error when none does. Where imagination cannot tell a task's successes from its failures, RL's
+    reward there is noise (the sixteenth H200 session's window tasks: kappa -0.17 and -0.09) and the shared
+    policy still changes; the evaluation keeps every rl.eval_tasks task, trained on or not."""
     kir_ratio: float = 0.5
     """Fraction of imagined initial states drawn from KIR keyframes (the rest are episodes' first frames); 0 without keyframes."""
     train_temperature: float = 1.6
@@ -146,6 +158,10 @@ class RLConfig:
             raise ValueError(f"judge_threshold is a probability in (0, 1), 'replay' or null, got {self.judge_threshold}")
         if self.judge_threshold_tolerance_se < 0:
             raise ValueError(f"judge_threshold_tolerance_se must be >= 0, got {self.judge_threshold_tolerance_se}")
+        if self.judge_threshold_significance_se < 0:
+            raise ValueError(f"judge_threshold_significance_se must be >= 0, got {self.judge_threshold_significance_se}")
+        if self.train_tasks == "tracked" and self.judge_threshold != "replay":
+            raise ValueError(f"train_tasks 'tracked' keeps the tasks that rl.judge_threshold 'replay' finds tracked; judge_threshold is {self.judge_threshold}")
         if not 0.0 <= self.kir_ratio <= 1.0:
             raise ValueError(f"kir_ratio must lie in [0, 1], got {self.kir_ratio}")
         if self.train_temperature <= 0:

@@ -176,7 +176,7 @@ class WorldModelRefiner:
         from worldloop.utils.io import atomic_write_json
 
         began = time.perf_counter()
-        result = self.judge_check.recalibrate_judge(self.rl.judge_threshold_tolerance_se)
+        result = self.judge_check.recalibrate_judge(self.rl.judge_threshold_tolerance_se, self.rl.judge_threshold_significance_se)
         result["seconds"] = time.perf_counter() - began  # one replay of the calibration's episodes
         atomic_write_json(self.out / f"judge_{iteration:06d}.json", result)  # a resumed run takes the threshold back from here
         kappa = result["replayed_after"]["kappa"]  # None where the episodes all succeeded or all failed

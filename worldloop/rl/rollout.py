@@ -216,24 +216,25 @@ class RealityCheck:
                 self._write_videos(real, replayed, imagined, tag)
         return result
 
-    def calibrate_judge(self, policy: Any, tolerance_se: float = 1.0) -> dict[str, Any]:
+    def calibrate_judge(self, policy: Any, tolerance_se: float = 1.0, significance_se: float = 2.0) -> dict[str, Any]:
         """Set the imagined environment's judge threshold on ``policy``'s own real episodes (this
         check's initial states), replayed open loop in the world model with their own action chunks:
         per episode, the highest threshold at which the judge would have called it a success over the
         chunks the real episode ran (``success_chunks`` consecutive verdicts, as in the imagined env),
         and the threshold whose verdicts agree with the simulator's beyond chance (kappa within tasks),
-        the highest within ``tolerance_se`` standard errors of the best. These are the frames RL's judge
-        reads, from the successes and failures of the policy RL starts from; the held-out episodes
-        train-reward chose its threshold on are mostly the expert's. The threshold stays where the
-        episodes all succeed or all fail (no kappa). The episodes stay in ``labelled``, for
+        the highest within ``tolerance_se`` standard errors of the best, among those more than
+        ``significance_se`` standard errors above 0. These are the frames RL's judge reads, from the
+        successes and failures of the policy RL starts from; the held-out episodes train-reward chose its
+        threshold on are mostly the expert's. The threshold stays where the episodes all succeed or all
+        fail (no kappa) or no threshold agrees beyond chance (``kept_because``). The episodes stay in ``labelled``, for
         :meth:`recalibrate_judge`.
         Returns the threshold, the one it replaced and the kappa of each."""
         first = self.real_env.reset(self.task_of_episode, self.seeds)
         real = collect(policy, self.real_env, first, self.temperature, self.greedy)
         self.labelled = LabelledEpisodes(first, real.actions, real.done, real.success_once)
-        return self.recalibrate_judge(tolerance_se)
+        return self.recalibrate_judge(tolerance_se, significance_se)
 
-    def recalibrate_judge(self, tolerance_se: float = 1.0) -> dict[str, Any]:
+    def recalibrate_judge(self, tolerance_se: float = 1.0, significance_se: float = 2.0) -> dict[str, Any]:
         """:meth:`calibrate_judge`'s choice again, on the same real episodes (``labelled``) replayed in the world model
         as it is now: after a refinement round has changed what it renders (worldloop.rl.refine)."""
         from worldloop.rewards.metrics import max_kappa_threshold
@@ -248,14 +249,20 @@ class RealityCheck:
         finally:
             judge.threshold = previous
         best = streak_score(probability, getattr(self.imagined_env, "success_chunks", 1)).cpu().numpy()
-        chosen = max_kappa_threshold(best, episodes.success_once.cpu().numpy(), self.task_of_episode, tolerance_se)
+        real = episodes.success_once.cpu().numpy()
+        chosen = max_kappa_threshold(best, real, self.task_of_episode, tolerance_se, significance_se)
         judge.threshold = previous if chosen is None else chosen
+        kept_because = None
+        if chosen is None:
+            kept_because = ("the episodes all succeeded or all failed" if real.all() or not real.any() else
+                            f"no threshold's verdicts agree with the simulator's more than {significance_se:g} SE beyond chance")  # fmt: skip
 
         def judged_at(threshold: float) -> dict[str, Any]:
             verdicts = torch.as_tensor(best >= threshold)
             return summarize(verdicts, self.task_of_episode) | self._versus_real(episodes.success_once, verdicts) | {"threshold": threshold}
 
-        return {"threshold": judge.threshold, "previous": previous, "calibrated": chosen is not None, "tolerance_se": tolerance_se,
+        return {"threshold": judge.threshold, "previous": previous, "calibrated": chosen is not None, "kept_because": kept_because,
+                "tolerance_se": tolerance_se, "significance_se": significance_se,
                 "real": summarize(episodes.success_once, self.task_of_episode),
                 "replayed_before": judged_at(previous), "replayed_after": judged_at(judge.threshold)}  # fmt: skip
 

@@ -26,6 +26,11 @@ def format_kappa(kappa: float, stderr: float) -> str:
     return f"{kappa:.2f} ± {stderr:.2f}"
 
 
+def kappa_above_chance(kappa: float | None, stderr: float | None, significance_se: float) -> bool:
+    """Whether a kappa lies above 0 (chance) by more than ``significance_se`` of its standard errors (and above 0 at all)."""
+    return kappa is not None and kappa > 0 and kappa > significance_se * stderr
+
+
 def agreement_beyond_chance(first: Sequence[bool], second: Sequence[bool], strata: Sequence[Any]) -> dict[str, float | None]:
     """How often two 0/1 verdicts on the same episodes agree, and how much of it chance explains.
 
