@@ -272,8 +272,33 @@ def test_rl_command_refuses_incomplete_input(tmp_path, capsys):
     assert "--env real has none to refine" in capsys.readouterr().err
     assert main(args + ["rl.refine_every=5", "rl.refine_lr=0"]) == 2
     assert "refine_lr > 0" in capsys.readouterr().err
+    assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.judge_threshold=replay", "rl.train_tasks=tracked"]) == 2
+    assert "--env real trains in the simulator itself" in capsys.readouterr().err
+    assert main(args + ["rl.train_tasks=tracked"]) == 2
+    assert "train_tasks 'tracked'" in capsys.readouterr().err
     assert main(args + ["--keyframes", "k", "rl.judge_threshold=replay"]) == 2  # complete arguments: on to loading them
     assert "model folder p does not exist" in capsys.readouterr().err
+
+
+def test_the_reality_check_shares_the_calibrations_environments_only_on_the_same_tasks():
+    """rl.train_tasks=tracked may evaluate fewer tasks than the calibration ran on: then the evaluation gets its own
+    simulator; on the same tasks it reuses the calibration's, from the evaluation's own initial states."""
+    from worldloop.commands.rl import reality_check
+    from worldloop.config import load_config
+
+    config = load_config("micro", ["rl.eval_episodes_per_task=2"])
+    closers = []
+    try:
+        calibration = reality_check(config, ["reach-v3", "push-v3"], None, None, None, "cpu", closers, first_episode=2)
+        same = reality_check(config, ["reach-v3", "push-v3"], None, None, None, "cpu", closers, shared=calibration)
+        assert same.real_env is calibration.real_env and len(closers) == 1
+        assert same.task_of_episode == calibration.task_of_episode and not set(same.seeds) & set(calibration.seeds)
+        fewer = reality_check(config, ["push-v3"], None, None, None, "cpu", closers, shared=calibration)
+        assert fewer.real_env is not calibration.real_env and fewer.real_env.num_envs == 2 and len(closers) == 2
+        assert fewer.seeds == same.seeds[2:] and fewer.task_of_episode == ["push-v3"] * 2
+    finally:
+        for env in closers:
+            env.close()
 
 
 def test_a_judge_that_always_says_success_is_diagnosed(tmp_path):
@@ -286,6 +311,50 @@ def test_a_judge_that_always_says_success_is_diagnosed(tmp_path):
     assert [w["iteration"] for w in results["warnings"]] == [5] and "calibrate-reward --world-model" in results["warnings"][0]["message"]
     healthy = train(ToyPolicy(), imagined(16, 8), config(iterations=6, num_groups=2), tmp_path / "healthy", console=False)
     assert healthy["warnings"] == [] and 0.0 <= healthy["history"][-1]["rollout/groups_all_fail"] <= 1.0
+
+
+class ScriptedCheck:
+    """A reality check whose real success follows ``rates`` (one per evaluation, n = 100, one task); it keeps the
+    policy's weights at each call."""
+
+    def __init__(self, rates: list[float]):
+        self.rates, self.weights = rates, []
+
+    def __call__(self, policy, tag: str) -> dict:
+        rate = self.rates[len(self.weights)]
+        self.weights.append({name: value.detach().clone() for name, value in policy.state_dict().items()})
+        real = {"success_once": rate, "stderr": math.sqrt(rate * (1 - rate) / 100), "episodes": 100}
+        return {"real": real | {"per_task": {TASK: dict(real)}}}
+
+
+def test_a_fall_in_real_success_stops_rl_with_the_last_weights_that_held(tmp_path):
+    """rl.stop_when_real_falls_se: the first evaluation whose real success lies more than that many standard
+    errors under the first one's ends the run; the final policy is the last evaluation's that held, and a rerun
+    stays stopped. Hand-worked: 0.50 -> 0.30 at n = 100 is 0.2 / hypot(0.05, 0.0458) = 2.95 SE."""
+    from safetensors.torch import load_file
+
+    from worldloop.rl.trainer import REAL_FELL, real_success_fall
+
+    first, fallen = ScriptedCheck([0.5, 0.3])(ToyPolicy(), ""), ScriptedCheck([0.3])(ToyPolicy(), "")
+    assert real_success_fall(first, fallen, 2.0) == ["overall 0.500 -> 0.300 (-2.9 SE)", f"{TASK} 0.500 -> 0.300 (-2.9 SE)"]
+    assert real_success_fall(first, fallen, 3.0) == [] and real_success_fall(fallen, first, 0.0) == []  # a rise is no fall
+
+    torch.manual_seed(0)
+    check = ScriptedCheck([0.5, 0.45, 0.3, 0.6])
+    rl = config(iterations=4, num_groups=4, eval_every=1, stop_when_real_falls_se=2.0)
+    run = tmp_path / "run"
+    results = train(ToyPolicy(), imagined(32, 8), rl, run, reality_check=check, console=False)
+    assert [e["iteration"] for e in results["evaluations"]] == [0, 1, 2] and results["iterations"] == 2
+    assert results["stopped"]["iteration"] == 2 and results["stopped"]["policy_from"] == 1, results["stopped"]
+    assert any(w["message"].startswith(f"{REAL_FELL} at iteration 2") for w in results["warnings"])
+    saved = load_file(run / "policy" / "model.safetensors")
+    assert all(torch.equal(saved[name], check.weights[1][name]) for name in saved)  # iteration 1's weights, not 2's
+    assert not all(torch.equal(check.weights[1][name], check.weights[2][name]) for name in saved)
+    assert "Stopped at iteration 2" in (run / "results.md").read_text()
+    again = train(ToyPolicy(), imagined(32, 8), rl, run, reality_check=ScriptedCheck([]), console=False)
+    assert again["iterations"] == 2 and again["stopped"] == results["stopped"]
+    with pytest.raises(ValueError, match="stop_when_real_falls_se"):
+        RLConfig(stop_when_real_falls_se=-1).validate()
 
 
 def test_an_optimistic_imagined_environment_is_diagnosed_once(tmp_path):

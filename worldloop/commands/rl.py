@@ -61,7 +61,6 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from worldloop.commands.shared import load_world_model
     from worldloop.config import save_config
     from worldloop.policies import EXPERT, load_policy
-    from worldloop.rl.rollout import RealityCheck
     from worldloop.rl.trainer import train
     from worldloop.utils.device import resolve_device
 
@@ -104,29 +103,18 @@ def run(args: argparse.Namespace, config: Config) -> int:
         closers.append(env)
 
         check = calibration = None
-        eval_tasks = list(rl.eval_tasks) or list(train_sim_tasks)
         if rl.eval_episodes_per_task > 0:
-            from worldloop.policies.evaluate import eval_seed
-            from worldloop.sims import make_env
-
-            count = len(eval_tasks) * rl.eval_episodes_per_task
-            real_env = make_env(config, count, tasks=eval_tasks)
-            closers.append(real_env)
-            gap_env = None
-            if world_model is not None and judge is not None:
-                horizon = -(-config.sim.max_steps // world_model.chunk_size) * world_model.chunk_size
-                gap_env = imagined_env(config, world_model, judge, dataset, None, count, 1, horizon, device, kir_ratio=0.0)
-            seeds = [eval_seed(task, e, config.eval.seed_offset) for task in eval_tasks for e in range(rl.eval_episodes_per_task)]
-            check = RealityCheck(real_env, eval_tasks, rl.eval_episodes_per_task, gap_env, seeds, config.eval.temperature, config.eval.greedy,
-                                 video_dir=Path(args.out) / "videos", videos_per_task=rl.eval_videos_per_task)  # fmt: skip
+            eval_tasks = list(rl.eval_tasks) or list(train_sim_tasks)
             if rl.judge_threshold == "replay":
                 # initial states apart from the evaluations', so that those stay out of sample
-                others = [eval_seed(task, rl.eval_episodes_per_task + e, config.eval.seed_offset) for task in eval_tasks for e in range(rl.eval_episodes_per_task)]
-                calibration = RealityCheck(real_env, eval_tasks, rl.eval_episodes_per_task, gap_env, others, config.eval.temperature, config.eval.greedy)
+                calibration = reality_check(config, eval_tasks, world_model, judge, dataset, device, closers, first_episode=rl.eval_episodes_per_task)
                 calibrated = calibrate_threshold(calibration, policy, judge, rl, Path(args.out) / "judge_calibration.json")
                 if rl.train_tasks == "tracked":
                     train_sim_tasks = tracked_tasks(calibrated, train_sim_tasks, rl.judge_threshold_significance_se)
                     tasks = [instruction_of(task) for task in train_sim_tasks]
+                    eval_tasks = list(rl.eval_tasks) or list(train_sim_tasks)
+            check = reality_check(config, eval_tasks, world_model, judge, dataset, device, closers, shared=calibration,
+                                  video_dir=Path(args.out) / "videos", videos_per_task=rl.eval_videos_per_task)  # fmt: skip
 
         refiner = None
         if args.env == "imagined" and rl.refine_every > 0:
@@ -148,6 +136,30 @@ def run(args: argparse.Namespace, config: Config) -> int:
     print(results_table(results["evaluations"], results["history"]), end="")
     print(f"final policy: {args.out}/policy; curves: tensorboard --logdir {args.out}/tb")
     return 0
+
+
+def reality_check(config: Config, tasks: list[str], world_model, judge, dataset, device, closers: list, first_episode: int = 0,
+                  shared=None, **videos):  # fmt: skip
+    """rl's reality check: rl.eval_episodes_per_task real episodes per task of ``tasks`` from the eval verb's
+    initial states (episode numbers from ``first_episode`` on) and, with a world model and judge, the same in
+    imagination. Its environments are ``shared``'s (a check on the same tasks) or new ones, added to ``closers``."""
+    from worldloop.policies.evaluate import eval_seed
+    from worldloop.rl.rollout import RealityCheck
+    from worldloop.sims import make_env
+
+    per_task = config.rl.eval_episodes_per_task
+    count = len(tasks) * per_task
+    if shared is not None and shared.task_of_episode == [task for task in tasks for _ in range(per_task)]:
+        real_env, gap_env = shared.real_env, shared.imagined_env
+    else:
+        real_env = make_env(config, count, tasks=tasks)
+        closers.append(real_env)
+        gap_env = None
+        if world_model is not None and judge is not None:
+            horizon = -(-config.sim.max_steps // world_model.chunk_size) * world_model.chunk_size
+            gap_env = imagined_env(config, world_model, judge, dataset, None, count, 1, horizon, device, kir_ratio=0.0)
+    seeds = [eval_seed(task, first_episode + e, config.eval.seed_offset) for task in tasks for e in range(per_task)]
+    return RealityCheck(real_env, tasks, per_task, gap_env, seeds, config.eval.temperature, config.eval.greedy, **videos)
 
 
 def load_rl_judge(spec: str, device, config: Config):

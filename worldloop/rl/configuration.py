@@ -49,8 +49,9 @@ class RLConfig:
     only on those among them whose replays in the calibration agree with the simulator, within the task, more
     than rl.judge_threshold_significance_se standard errors beyond chance at the chosen threshold; rl stops
     with an error when none does. Where imagination cannot tell a task's successes from its failures, RL's
-    reward there is noise (the sixteenth H200 session's window tasks: kappa -0.17 and -0.09) and the shared
-    policy still changes; the evaluation keeps every rl.eval_tasks task, trained on or not."""
+    reward there is noise (the sixteenth H200 session's window tasks: kappa -0.17 and -0.09) while the shared
+    policy still changes there. The calibration runs on rl.eval_tasks (default: every candidate); the
+    evaluations then on rl.eval_tasks when set, else on the tasks kept."""
     kir_ratio: float = 0.5
     """Fraction of imagined initial states drawn from KIR keyframes (the rest are episodes' first frames); 0 without keyframes."""
     train_temperature: float = 1.6
@@ -131,6 +132,13 @@ class RLConfig:
     samples from and OUT/world_model keeps (train-wm samples from its EMA too, world_model.ema_decay); 0.99 averages
     over ~100 of a round's steps. 0: the raw weights of the last step (the fifteenth H200 session's refinement,
     whose imagination turned pessimistic)."""
+    stop_when_real_falls_se: float = 0.0
+    """Stop RL at the first evaluation whose real success, overall or on any evaluation task, lies below the first
+    evaluation's by more than this many standard errors of the difference; the weights of the last evaluation that
+    did not fall become the final policy (OUT/policy; results.json's "stopped" says which). 0: off. RL in
+    imagination lowered door-open's real success while imagination said it rose in the thirteenth and fifteenth
+    H200 sessions (0.46 -> 0.13, 0.49 -> 0.07). Each evaluation and task is one more look: with several of
+    each, a fall of 2 standard errors by chance alone gets likely, so 3 suits long runs."""
     time_limit_min: float = 0.0
     """Wall-clock budget of the training loop in minutes: past it, the current iteration is the last
     (final evaluation, checkpoint and policy as usual); 0: no limit."""
@@ -176,6 +184,8 @@ class RLConfig:
             raise ValueError(f"target_kl must be > 0 or null, got {self.target_kl}")
         if not (0 < self.clip_low < 1 and self.clip_high > 0 and self.value_clip > 0):
             raise ValueError("0 < clip_low < 1, clip_high > 0 and value_clip > 0 are required")
+        if self.stop_when_real_falls_se < 0:
+            raise ValueError(f"stop_when_real_falls_se must be >= 0 (0: off), got {self.stop_when_real_falls_se}")
         if self.time_limit_min < 0:
             raise ValueError(f"time_limit_min must be >= 0, got {self.time_limit_min}")
         if self.entropy_coef < 0 or self.kl_coef < 0 or self.value_coef < 0:

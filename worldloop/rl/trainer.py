@@ -15,8 +15,9 @@ One iteration, top to bottom:
 6. every ``refine_every`` iterations, when a refiner is given (:mod:`worldloop.rl.refine`), the world model
    learns from the policy's own real rollouts;
 7. every ``eval_every`` iterations, the reality check: real-simulator success and imagined
-   success from the same initial states, and where their gap comes from; atomic checkpoints
-   that resume exactly.
+   success from the same initial states, and where their gap comes from; with
+   ``stop_when_real_falls_se``, the run stops when real success has fallen, keeping the weights of the
+   last evaluation at which it held; atomic checkpoints that resume exactly.
 
 The environment is anything with the :class:`~worldloop.envs.protocol.VecEnv` protocol: the
 imagined environment (RL in the world model), the real simulator (the GRPO-in-reality baseline)
@@ -42,7 +43,7 @@ from worldloop.rl.curves import plot_curves
 from worldloop.rl.losses import clipped_policy_loss, clipped_value_loss, entropy_bonus, kl_penalty
 from worldloop.rl.rollout import autocast, check_compatible, collect, policy_device, tracking_line
 from worldloop.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from worldloop.utils.io import atomic_write_json, atomic_write_text
+from worldloop.utils.io import atomic_path, atomic_write_json, atomic_write_text
 from worldloop.utils.stats import format_kappa
 
 
@@ -86,10 +87,12 @@ def train(
 
     start, history, evaluations = 0, [], []
     warnings, silent = [], 0  # silent: consecutive GRPO iterations in which every group was filtered out
+    fell = None  # rl.stop_when_real_falls_se: the evaluation at which real success fell
+    held_path = out / "policy_held.pt"  # ... and the weights of the last evaluation at which it held
     checkpoint = latest_checkpoint(out)
     if checkpoint is not None:
         start, extra = load_checkpoint(checkpoint, modules, stateful)
-        history, evaluations = extra["history"], extra["evaluations"]
+        history, evaluations, fell = extra["history"], extra["evaluations"], extra.get("stopped")
         if extra.get("refining") and not refining:  # its refined world model lives in the checkpoint: without it the run would go on in the old one
             raise ValueError(f"{out} refined its world model on the policy's real rollouts (rl.refine_every); resume it with the same rl.refine_* settings")
         if refining:
@@ -149,11 +152,28 @@ def train(
         if console:
             tqdm.write(line)
 
+    def held_or_fallen(iteration: int) -> dict[str, Any] | None:
+        """rl.stop_when_real_falls_se: where this evaluation's real success fell below the first's, why; else its weights are held."""
+        if rl.stop_when_real_falls_se <= 0:
+            return None
+        fallen = real_success_fall(evaluations[0], evaluations[-1], rl.stop_when_real_falls_se)
+        if not fallen:
+            with atomic_path(held_path) as tmp:
+                torch.save({"iteration": iteration, "policy": policy.state_dict()}, tmp)
+            return None
+        held = torch.load(held_path, map_location="cpu", weights_only=True)["iteration"]
+        warn(iteration, f"{REAL_FELL} at iteration {iteration}: {'; '.join(fallen)} against iteration {evaluations[0]['iteration']}; "
+                        f"training stops and the final policy is iteration {held}'s (rl.stop_when_real_falls_se={rl.stop_when_real_falls_se:g})",
+             once=False)  # fmt: skip
+        return {"iteration": iteration, "fallen": fallen, "policy_from": held}
+
     if reality_check is not None and start == 0:
         evaluate(0)
+        held_or_fallen(0)
 
     loop_began = time.perf_counter()
-    progress = tqdm(range(start, rl.iterations), initial=start, total=rl.iterations, desc="rl", disable=not (console and progress_bar))
+    end = start if fell else rl.iterations  # a run that stopped stays stopped when rerun
+    progress = tqdm(range(start, end), initial=start, total=rl.iterations, desc="rl", disable=not (console and progress_bar))
     for iteration in progress:
         began = time.perf_counter()
         metrics: dict[str, float] = {}
@@ -299,22 +319,29 @@ def train(
         last = done_iterations == rl.iterations or out_of_time
         if reality_check is not None and (last or (rl.eval_every and done_iterations % rl.eval_every == 0)):
             evaluate(done_iterations)
-        if last or done_iterations % rl.checkpoint_every == 0:
-            save_checkpoint(out, done_iterations, modules, stateful, {"history": history, "evaluations": evaluations, "refining": refining},
+            fell = held_or_fallen(done_iterations)
+        if last or fell or done_iterations % rl.checkpoint_every == 0:
+            save_checkpoint(out, done_iterations, modules, stateful,
+                            {"history": history, "evaluations": evaluations, "refining": refining, "stopped": fell},
                             keep=rl.keep_checkpoints)  # fmt: skip
-        if out_of_time:
-            if console:
-                tqdm.write(f"rl: time limit of {rl.time_limit_min} min reached after {done_iterations} iterations")
+        if out_of_time and console:
+            tqdm.write(f"rl: time limit of {rl.time_limit_min} min reached after {done_iterations} iterations")
+        if out_of_time or fell:
             break
     writer.close()
 
     policy.eval()
+    if fell:  # the weights of the last evaluation at which real success held
+        policy.load_state_dict(torch.load(held_path, map_location=policy_device(policy), weights_only=True)["policy"])
     policy.save_pretrained(out / "policy")
     if refining:
         refiner.save(out / "world_model")
-    results = {"iterations": len(history), "algorithm": rl.algorithm, "history": history, "evaluations": evaluations, "warnings": warnings}
+    results = {"iterations": len(history), "algorithm": rl.algorithm, "history": history, "evaluations": evaluations, "warnings": warnings,
+               "stopped": fell}  # fmt: skip
     atomic_write_json(out / "results.json", results)
-    atomic_write_text(out / "results.md", results_table(evaluations, history))
+    stop_line = "" if not fell else (f"\nStopped at iteration {fell['iteration']}: real success fell ({'; '.join(fell['fallen'])}); "
+                                     f"the final policy is iteration {fell['policy_from']}'s.\n")  # fmt: skip
+    atomic_write_text(out / "results.md", results_table(evaluations, history) + stop_line)
     plot_curves(results, out / "curves.png")
     return results
 
@@ -324,6 +351,7 @@ OPTIMISTIC = "the imagined environment is optimistic"
 PESSIMISTIC = "the imagined environment is pessimistic"
 UNTRACKED = "the imagined environment does not track reality per episode"
 EXPLOITED = "the policy exploits the world model"
+REAL_FELL = "real success fell"
 LARGE_UPDATE = "an update moved the policy far"
 LARGE_UPDATE_KL = 0.3  # healthy iterations of the H200 runs: approx_kl 0.01-0.07; the jumps: 0.54 and 1.43
 
@@ -483,6 +511,22 @@ def imagination_tracking_diagnosis(result: dict[str, Any], slight: float = 0.2, 
             f"{result['agreement_by_chance']:.2f} by chance alone (kappa {format_kappa(kappa, result['kappa_stderr'])}), so RL's reward "
             "says little about which rollouts really succeed. Look at the world model's action dPSNR (`eval-wm` on the policy's rollouts: "
             "does it follow the actions?) and the judge's false successes on those rollouts' replays (`calibrate-reward --world-model`)")  # fmt: skip
+
+
+def real_success_fall(first: dict[str, Any], result: dict[str, Any], threshold_se: float) -> list[str]:
+    """The real success rates of ``result`` (overall, then each task) that lie below ``first``'s by more than
+    ``threshold_se`` standard errors of the difference, sqrt(se_first^2 + se^2), as 'name before -> after (z SE)'.
+    Unpaired: the evaluations share their initial states, so the paired difference would be tighter."""
+    before, after = first["real"], result["real"]
+    pairs = [("overall", before, after)] + [(task, before["per_task"][task], rates) for task, rates in after["per_task"].items() if task in before["per_task"]]
+    fallen = []
+    for name, then, now in pairs:
+        drop = then["success_once"] - now["success_once"]
+        stderr = math.hypot(then["stderr"], now["stderr"])
+        if drop > 0 and drop > threshold_se * stderr:
+            z = f"{-drop / stderr:+.1f} SE" if stderr > 0 else "every episode"
+            fallen.append(f"{name} {then['success_once']:.3f} -> {now['success_once']:.3f} ({z})")
+    return fallen
 
 
 def group_starts(tasks: list[int | str], num_groups: int, group_size: int, iteration: int, seed: int) -> tuple[list, list[int]]:
