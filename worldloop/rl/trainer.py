@@ -161,7 +161,8 @@ def train(
             with atomic_path(held_path) as tmp:
                 torch.save({"iteration": iteration, "policy": policy.state_dict()}, tmp)
             return None
-        held = torch.load(held_path, map_location="cpu", weights_only=True)["iteration"]
+        # none held: a run resumed with the option that began without it; its final policy is then this one
+        held = torch.load(held_path, map_location="cpu", weights_only=True)["iteration"] if held_path.is_file() else iteration
         warn(iteration, f"{REAL_FELL} at iteration {iteration}: {'; '.join(fallen)} against iteration {evaluations[0]['iteration']}; "
                         f"training stops and the final policy is iteration {held}'s (rl.stop_when_real_falls_se={rl.stop_when_real_falls_se:g})",
              once=False)  # fmt: skip
@@ -331,7 +332,7 @@ def train(
     writer.close()
 
     policy.eval()
-    if fell:  # the weights of the last evaluation at which real success held
+    if fell and fell["policy_from"] != fell["iteration"]:  # the weights of the last evaluation at which real success held
         policy.load_state_dict(torch.load(held_path, map_location=policy_device(policy), weights_only=True)["policy"])
     policy.save_pretrained(out / "policy")
     if refining:
