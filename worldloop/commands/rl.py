@@ -115,6 +115,9 @@ def run(args: argparse.Namespace, config: Config) -> int:
                     eval_tasks = list(rl.eval_tasks) or list(train_sim_tasks)
             check = reality_check(config, eval_tasks, world_model, judge, dataset, device, closers, shared=calibration,
                                   video_dir=Path(args.out) / "videos", videos_per_task=rl.eval_videos_per_task)  # fmt: skip
+            if calibration is not None and check.real_env is not calibration.real_env:
+                closers.remove(calibration.real_env)  # its episodes are taken; a refined model's recalibration only replays them
+                calibration.real_env.close()
 
         refiner = None
         if args.env == "imagined" and rl.refine_every > 0:
