@@ -3,6 +3,7 @@
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from _rl_fixtures import ToyPolicy
@@ -547,6 +548,9 @@ def test_a_lenient_judge_is_recalibrated_on_the_base_policys_replayed_episodes(t
     assert judge.threshold == saved["threshold"] > 0.1 and saved["previous"] == 1e-3 and saved["seconds"] > 0
     assert saved["replayed_after"]["kappa"] > saved["replayed_before"]["kappa"], saved
     assert saved["replayed_after"]["success_once"] <= saved["real"]["success_once"] < saved["replayed_before"]["success_once"], saved
+    scores, real = np.array(saved["per_episode"]["score"]), np.array([c == "1" for c in saved["per_episode"]["real"]])
+    assert len(scores) == episodes and real.mean() == saved["real"]["success_once"]  # any threshold's verdicts can be judged again
+    assert (scores >= saved["threshold"]).mean() == pytest.approx(saved["replayed_after"]["success_once"])
     printed = capsys.readouterr().out
     assert "judge threshold 0.001 -> " in printed and "WARNING" not in printed
     after = check(policy)

@@ -264,7 +264,10 @@ class RealityCheck:
         return {"threshold": judge.threshold, "previous": previous, "calibrated": chosen is not None, "kept_because": kept_because,
                 "tolerance_se": tolerance_se, "significance_se": significance_se,
                 "real": summarize(episodes.success_once, self.task_of_episode),
-                "replayed_before": judged_at(previous), "replayed_after": judged_at(judge.threshold)}  # fmt: skip
+                "replayed_before": judged_at(previous), "replayed_after": judged_at(judge.threshold),
+                # per episode, for any other threshold's verdicts later: its replay's score, the simulator's verdict, its task
+                "per_episode": {"score": best.tolist(), "real": "".join("1" if r else "0" for r in real.tolist()),
+                                "task": list(self.task_of_episode)}}  # fmt: skip
 
     def _versus_real(self, real: torch.Tensor, verdicts: torch.Tensor) -> dict[str, Any]:
         """Per-episode agreement of ``verdicts`` with the simulator's, against chance within tasks, and
