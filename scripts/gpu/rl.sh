@@ -52,14 +52,14 @@ import json, math, sys
 from pathlib import Path
 out = Path(sys.argv[1])
 path = out / "rl" / "results.json"
+log = out / "rl.log"
+calibration = [line for line in (log.read_text().splitlines() if log.is_file() else [])  # rl.judge_threshold=replay's own lines
+               if line.startswith(("judge threshold", "rl: training on", "worldloop rl: config error"))]
 if not path.is_file():
-    print(f"no {path}: rl did not finish (see {out}/rl.log)"); sys.exit(0)
+    print(f"no {path}: rl did not finish (see {out}/rl.log)", *calibration, sep="\n"); sys.exit(0)
 results = json.loads(path.read_text())
 print((out / "rl" / "results.md").read_text())
-log = out / "rl.log"
-for line in log.read_text().splitlines() if log.is_file() else []:  # rl.judge_threshold=replay: rl's own line on the calibration
-    if line.startswith(("judge threshold", "rl: training on")):
-        print(line)
+print(*calibration, sep="\n")
 evals = results["evaluations"]
 def change(a, b):
     """'a -> b (+d, +x SE)' between two success_once results."""
