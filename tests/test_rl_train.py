@@ -551,6 +551,7 @@ def test_a_lenient_judge_is_recalibrated_on_the_base_policys_replayed_episodes(t
     scores, real = np.array(saved["per_episode"]["score"]), np.array([c == "1" for c in saved["per_episode"]["real"]])
     assert len(scores) == episodes and real.mean() == saved["real"]["success_once"]  # any threshold's verdicts can be judged again
     assert (scores >= saved["threshold"]).mean() == pytest.approx(saved["replayed_after"]["success_once"])
+    assert (tmp_path / "judge_calibration.png").stat().st_size > 10_000  # kappa at every threshold, overall and per task
     printed = capsys.readouterr().out
     assert "judge threshold 0.001 -> " in printed and "WARNING" not in printed
     after = check(policy)

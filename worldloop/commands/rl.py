@@ -184,6 +184,9 @@ def calibrate_threshold(calibration, policy, judge, rl, path) -> dict:
     import json
     import time
 
+    import numpy as np
+
+    from worldloop.rewards.calibrate import plot_kappa_by_threshold
     from worldloop.rl.rollout import LabelledEpisodes
     from worldloop.utils.io import atomic_write_json
     from worldloop.utils.stats import format_kappa
@@ -201,6 +204,10 @@ def calibrate_threshold(calibration, policy, judge, rl, path) -> dict:
     result["seconds"] = time.perf_counter() - began  # its cost: one real evaluation and one replay
     calibration.labelled.save(episodes)
     atomic_write_json(path, result)
+    replays = result["per_episode"]
+    plot_kappa_by_threshold(np.array(replays["score"]), np.array([c == "1" for c in replays["real"]]), replays["task"],
+                            {"before": result["previous"], "chosen": result["threshold"]}, path.with_suffix(".png"),
+                            "the base policy's real episodes replayed in the world model")  # fmt: skip
 
     def kappa(verdicts: dict) -> str:
         return "undefined" if verdicts["kappa"] is None else format_kappa(verdicts["kappa"], verdicts["kappa_stderr"])

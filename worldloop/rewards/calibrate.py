@@ -24,7 +24,7 @@ import numpy as np
 
 from worldloop.rewards.configuration import CalibrateConfig
 from worldloop.rewards.labels import labelled_windows
-from worldloop.rewards.metrics import at_threshold, auroc, suggest_thresholds, value_order_correlation
+from worldloop.rewards.metrics import at_threshold, auroc, kappa_curve, suggest_thresholds, value_order_correlation
 from worldloop.rewards.protocol import Judge
 from worldloop.utils.io import atomic_path, atomic_write_json
 
@@ -82,6 +82,40 @@ def plot_histogram(table: dict[str, np.ndarray], threshold: float, path: Path, t
     axis.set_yscale("log")
     axis.set_title(title, fontsize=9)
     axis.legend(fontsize=7)
+    figure.tight_layout()
+    with atomic_path(path) as tmp:
+        figure.savefig(tmp, format="png")
+    plt.close(figure)
+
+
+def plot_kappa_by_threshold(scores: np.ndarray, success: np.ndarray, tasks: list[str], marks: dict[str, float], path: Path, title: str) -> None:
+    """Per-episode agreement with the simulator beyond chance (Cohen's kappa) at every threshold: overall, with
+    chance within tasks, and each task's own; ``marks`` (label -> threshold) as vertical lines. Where every curve
+    stays at or under 0, no threshold lets the judge tell successes from failures."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def clip(threshold):  # the logit axis excludes 0 and 1
+        return np.clip(threshold, 1e-6, 1 - 1e-6)
+
+    scores, success, tasks = np.asarray(scores, dtype=np.float64), np.asarray(success, dtype=bool), np.asarray(tasks)
+    figure, axis = plt.subplots(figsize=(7, 3.8), dpi=120)
+    curves = [("overall", np.ones(len(scores), dtype=bool))] + [(task, tasks == task) for task in dict.fromkeys(tasks.tolist())]
+    for name, mine in curves:
+        candidates, verdicts = kappa_curve(scores[mine], success[mine], tasks[mine])
+        kappa = np.array([np.nan if v["kappa"] is None else v["kappa"] for v in verdicts])
+        axis.plot(clip(candidates), kappa, drawstyle="steps-post", linewidth=2.0 if name == "overall" else 1.0,
+                  color="black" if name == "overall" else None, label=f"{name} (n={int(mine.sum())})")  # fmt: skip
+    for (label, threshold), style in zip(marks.items(), ("--", ":", "-.")):
+        axis.axvline(clip(threshold), color="gray", linestyle=style, label=f"{label} {threshold:.4f}")
+    axis.axhline(0.0, color="gray", linewidth=0.5)
+    axis.set_xscale("logit")
+    axis.set_xlabel("threshold on the episode's replay score")
+    axis.set_ylabel("kappa against the simulator")
+    axis.set_title(title, fontsize=9)
+    axis.legend(fontsize=6)
     figure.tight_layout()
     with atomic_path(path) as tmp:
         figure.savefig(tmp, format="png")

@@ -104,6 +104,14 @@ def episode_verdict_metrics(success: np.ndarray, judged: np.ndarray, strata: lis
     }
 
 
+def kappa_curve(scores: np.ndarray, success: np.ndarray, strata) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """Every observed score as a threshold (ascending) and, at each, how the verdicts ``score >= threshold``
+    agree with ``success`` beyond chance within each stratum (:func:`agreement_beyond_chance`)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    candidates = np.unique(scores)
+    return candidates, [agreement_beyond_chance(success, scores >= candidate, list(strata)) for candidate in candidates]
+
+
 def max_kappa_threshold(scores: np.ndarray, success: np.ndarray, strata: np.ndarray, tolerance_se: float = 0.0,
                         significance_se: float = 0.0) -> float | None:  # fmt: skip
     """The threshold (among the observed per-episode ``scores``) whose verdicts ``score >= threshold``
@@ -121,8 +129,7 @@ def max_kappa_threshold(scores: np.ndarray, success: np.ndarray, strata: np.ndar
     scores, success = np.asarray(scores, dtype=np.float64), np.asarray(success, dtype=bool)
     if success.all() or not success.any():
         return None
-    candidates = np.unique(scores)  # ascending
-    verdicts = [agreement_beyond_chance(success, scores >= candidate, list(strata)) for candidate in candidates]
+    candidates, verdicts = kappa_curve(scores, success, strata)
     beyond_chance = [(float(c), v["kappa"], v["kappa_stderr"]) for c, v in zip(candidates, verdicts)
                      if kappa_above_chance(v["kappa"], v["kappa_stderr"], significance_se)]  # fmt: skip
     if not beyond_chance:
