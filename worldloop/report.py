@@ -157,15 +157,9 @@ def write_plots(run: Path, results: dict[str, Any]) -> list[str]:
 
 
 def _save(fig, path: Path, run: Path) -> str:
-    import matplotlib.pyplot as plt
+    from worldloop.utils.io import save_figure
 
-    from worldloop.utils.io import atomic_path
-
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
-    return str(path.relative_to(run))
+    return str(save_figure(fig, path, dpi=110).relative_to(run))
 
 
 def _rate(block: dict[str, Any]) -> dict[str, Any]:

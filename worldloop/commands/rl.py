@@ -181,19 +181,16 @@ def calibrate_threshold(calibration, policy, judge, rl, path) -> dict:
     world model (RealityCheck.calibrate_judge), saved to ``path``, and the episodes beside it (PATH's stem +
     _episodes.pt, for rl.refine_every's recalibrations); a resumed run reads both back instead. Returns the
     calibration (what ``path`` holds)."""
-    import json
     import time
-
-    import numpy as np
 
     from worldloop.rewards.calibrate import plot_kappa_by_threshold
     from worldloop.rl.rollout import LabelledEpisodes
-    from worldloop.utils.io import atomic_write_json
+    from worldloop.utils.io import atomic_write_json, read_json
     from worldloop.utils.stats import format_kappa
 
     episodes = path.with_name(f"{path.stem}_episodes.pt")
     if path.is_file():
-        result = json.loads(path.read_text())
+        result = read_json(path)
         judge.threshold = float(result["threshold"])
         print(f"judge threshold {judge.threshold:.3f}, calibrated before training ({path})")
         if calibration is not None and episodes.is_file():
@@ -205,7 +202,7 @@ def calibrate_threshold(calibration, policy, judge, rl, path) -> dict:
     calibration.labelled.save(episodes)
     atomic_write_json(path, result)
     replays = result["per_episode"]
-    plot_kappa_by_threshold(np.array(replays["score"]), np.array([c == "1" for c in replays["real"]]), replays["task"],
+    plot_kappa_by_threshold(replays["score"], [c == "1" for c in replays["real"]], replays["task"],
                             {"before": result["previous"], "chosen": result["threshold"]}, path.with_suffix(".png"),
                             "the base policy's real episodes replayed in the world model")  # fmt: skip
 

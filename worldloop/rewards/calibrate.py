@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from worldloop.rewards.configuration import CalibrateConfig
 from worldloop.rewards.labels import labelled_windows
 from worldloop.rewards.metrics import at_threshold, auroc, kappa_curve, suggest_thresholds, value_order_correlation
 from worldloop.rewards.protocol import Judge
-from worldloop.utils.io import atomic_path, atomic_write_json
+from worldloop.utils.io import atomic_path, atomic_write_json, save_figure
 
 
 def score_windows(judge: Judge, episodes: Iterable[Any], config: CalibrateConfig) -> dict[str, np.ndarray]:
@@ -82,13 +82,11 @@ def plot_histogram(table: dict[str, np.ndarray], threshold: float, path: Path, t
     axis.set_yscale("log")
     axis.set_title(title, fontsize=9)
     axis.legend(fontsize=7)
-    figure.tight_layout()
-    with atomic_path(path) as tmp:
-        figure.savefig(tmp, format="png")
-    plt.close(figure)
+    save_figure(figure, path)
 
 
-def plot_kappa_by_threshold(scores: np.ndarray, success: np.ndarray, tasks: list[str], marks: dict[str, float], path: Path, title: str) -> None:
+def plot_kappa_by_threshold(scores: Sequence[float], success: Sequence[bool], tasks: Sequence[str], marks: dict[str, float], path: Path,
+                            title: str) -> None:  # fmt: skip
     """Per-episode agreement with the simulator beyond chance (Cohen's kappa) at every threshold: overall, with
     chance within tasks, and each task's own; ``marks`` (label -> threshold) as vertical lines. Where every curve
     stays at or under 0, no threshold lets the judge tell successes from failures."""
@@ -116,10 +114,7 @@ def plot_kappa_by_threshold(scores: np.ndarray, success: np.ndarray, tasks: list
     axis.set_ylabel("kappa against the simulator")
     axis.set_title(title, fontsize=9)
     axis.legend(fontsize=6)
-    figure.tight_layout()
-    with atomic_path(path) as tmp:
-        figure.savefig(tmp, format="png")
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 def calibrate(

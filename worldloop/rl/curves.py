@@ -20,7 +20,7 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from worldloop.utils.io import atomic_path
+    from worldloop.utils.io import save_figure
 
     evaluations, history = results["evaluations"], results["history"]
     fig, (left, right, update) = plt.subplots(1, 3, figsize=(15, 3.8))
@@ -59,9 +59,4 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> Path:
     update.set(xlabel="RL iteration", yscale="log", title="update size")
     if update.lines:
         update.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)

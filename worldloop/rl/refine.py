@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ import torch
 from worldloop.envs.protocol import EnvReset, VecEnv
 from worldloop.rl.configuration import RLConfig
 from worldloop.rl.rollout import Rollout, collect
+from worldloop.utils.io import atomic_write_json, read_json
 from worldloop.worldmodel.configuration import WorldModelConfig
 
 REFINE = "refine"
@@ -120,7 +120,7 @@ class WorldModelRefiner:
         self._publish()
         thresholds = self._saved("judge_*.json", iteration)
         if self.judge_check is not None and thresholds:
-            self.judge_check.imagined_env.judge.threshold = float(json.loads(thresholds[-1].read_text())["threshold"])
+            self.judge_check.imagined_env.judge.threshold = float(read_json(thresholds[-1])["threshold"])
 
     def _saved(self, pattern: str, iteration: int) -> list[Path]:
         """This run's round files (NAME_<iteration>.EXT) up to ``iteration``, oldest first."""
@@ -173,8 +173,6 @@ class WorldModelRefiner:
 
     def _recalibrate(self, iteration: int) -> dict[str, float]:
         """The judge's threshold chosen again on the calibration's episodes replayed in the refined world model."""
-        from worldloop.utils.io import atomic_write_json
-
         began = time.perf_counter()
         result = self.judge_check.recalibrate_judge(self.rl.judge_threshold_tolerance_se, self.rl.judge_threshold_significance_se)
         result["seconds"] = time.perf_counter() - began  # one replay of the calibration's episodes

@@ -61,6 +61,18 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def save_figure(figure: Any, path: str | Path, dpi: float | str = "figure") -> Path:
+    """A matplotlib ``figure`` laid out tight, written to ``path`` as PNG in one rename, then closed (pyplot
+    keeps every figure until it is)."""
+    import matplotlib.pyplot as plt
+
+    figure.tight_layout()
+    with atomic_path(path) as tmp:
+        figure.savefig(tmp, format="png", dpi=dpi)
+    plt.close(figure)
+    return Path(path)
+
+
 def read_json(path: str | Path) -> Any:
     """Read a JSON file, naming the file when it is missing or corrupt."""
     path = Path(path)
