@@ -172,6 +172,59 @@ def test_train_vae_continues_from_an_earlier_vae_with_init(tmp_path):
         load_config("tiny-cpu", [f"vae.pretrained={tmp_path / 'a'}", f"vae.init={tmp_path / 'a'}"])
 
 
+def skip_vae_measurements(monkeypatch):
+    """train_vae's latent statistics and held-out metrics, replaced by constants (tests that only look at weights)."""
+    from worldloop.worldmodel import train as train_lib
+
+    monkeypatch.setattr(train_lib, "latent_statistics", lambda vae, *a, **k: ([0.0] * vae.config.z_dim, [1.0] * vae.config.z_dim))
+    monkeypatch.setattr(train_lib, "reconstruction_metrics", lambda *a, **k: {"psnr": 0.0, "ssim": 0.0})
+
+
+def test_train_vae_in_channels_last_layout_takes_the_same_steps_and_saves_as_usual(tmp_path, monkeypatch):
+    """vae.channels_last changes the memory layout, not the arithmetic: the same seed gives the same weights
+    (to float rounding), and the saved folder loads into the usual layout; a resumed run continues in it."""
+    skip_vae_measurements(monkeypatch)
+    episodes = square_episodes(3, seed=2, length=12)
+    config = VAEConfig(steps=3, batch_size=2, log_every=1, checkpoint_every=2)
+    train_vae(config, episodes[:2], episodes[2:], tmp_path / "default", CPU)
+    train_vae(VAEConfig(**{**config.__dict__, "channels_last": True}), episodes[:2], episodes[2:], tmp_path / "last", CPU)
+    default, last = vae_lib.load_vae(tmp_path / "default"), vae_lib.load_vae(tmp_path / "last")
+    fresh = vae_lib.build_vae(config).state_dict()
+    for name, value in last.state_dict().items():
+        assert value.is_contiguous(), name
+        assert torch.allclose(value, default.state_dict()[name], atol=1e-4), name
+    assert any(not torch.allclose(value, fresh[name]) for name, value in last.state_dict().items())
+    # resume in the channels-last layout from the step-2 checkpoint: the same end as the uninterrupted run
+    shutil.rmtree(tmp_path / "last" / "checkpoints" / "step_000000003")
+    (tmp_path / "last" / "checkpoints" / "latest").write_text("step_000000002\n")
+    train_vae(VAEConfig(**{**config.__dict__, "channels_last": True}), episodes[:2], episodes[2:], tmp_path / "last", CPU)
+    resumed = vae_lib.load_vae(tmp_path / "last")
+    for name, value in resumed.state_dict().items():
+        assert torch.allclose(value, last.state_dict()[name], atol=1e-6), name
+
+
+def test_bench_vae_train_times_the_real_training_loop_in_both_layouts(tmp_path, monkeypatch):
+    """`bench vae-train` runs train_vae itself: warm-ups, then per layout a long and a short run; it names the faster."""
+    from worldloop.cli import main
+    from worldloop.worldmodel import train as train_lib
+
+    calls, real = [], train_lib.train_vae
+
+    def recorded(config, *args, **kwargs):
+        calls.append((config.steps, config.channels_last))
+        return real(config, *args, **kwargs)
+
+    monkeypatch.setattr(train_lib, "train_vae", recorded)
+    skip_vae_measurements(monkeypatch)  # fixed costs the bench subtracts; skipped here for time
+    overrides = ["sim.image_size=64", "vae.batch_size=1", "vae.clip_frames=5"]
+    assert main(["bench", "vae-train", "--steps", "2", "--out", str(tmp_path / "bench.txt"), *overrides]) == 0
+    assert calls == [(2, False), (2, True), (2, False), (1, False), (2, True), (1, True)]
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert [r["layout"] for r in saved["rows"]] == ["contiguous", "channels_last"]
+    assert saved["faster"] == min(saved["rows"], key=lambda r: r["step_ms"])["layout"]
+    assert all(r["steps_per_s"] > 0 for r in saved["rows"]) and "faster:" in (tmp_path / "bench.txt").read_text()
+
+
 def test_evaluate_writes_metrics_and_strips(vae, tmp_path):
     from worldloop.worldmodel.rollout import WorldModel
 

@@ -35,6 +35,7 @@
 # WM_ALSO (overrides of a second DiT trained alongside the first for an A/B, e.g.
 # "world_model.context_channels=false": eval-wm and the judge's calibration on its replays; only the first
 # trains the judge and goes on to RL; see worldmodel.sh),
+# VAE_LAYOUT_BENCH (1: `bench vae-train` during the collection, and the VAE trains in the faster memory layout),
 # WM_FROM (a world-model folder from an earlier lease, vae/ included: the DiT trains on from it, for
 # WM_SECONDS more, on its VAE; no VAE is trained; WM_SECONDS=0: used as it is, so the judge, then RL, need not
 # wait for a DiT to train: ~4 minutes earlier by the thirteenth session's timeline, not measured yet), CARRY (a folder: once trained, the DiT and the VAE
@@ -94,6 +95,17 @@ fi
   mark "frame cache: exit $?"
 ) &
 sim_chain=$!
+# While the simulators collect, the idle GPU times the VAE's training step in both memory layouts; the VAE
+# then trains in the faster (VAE_LAYOUT_BENCH=0 skips this; no VAE is trained with VAE_FROM or WM_FROM alone).
+if [ "${VAE_LAYOUT_BENCH:-1}" = 1 ] && { [ -n "${VAE_INIT:-}" ] || [ -z "${VAE_FROM:-}${WM_FROM:-}" ]; }; then
+  (IMG=$("$PY" -c "import sys; from worldloop.config import load_config; print(load_config(sys.argv[1], sys.argv[2:]).sim.image_size)" \
+         "$PRESET" "${EXTRA_ARGS[@]}")
+   DOWN=3; [ "${IMG:-128}" -lt 128 ] && DOWN=2  # worldmodel.sh's choice: 16x16 latents
+   timeout 240 "${WL[@]}" bench vae-train --preset "$PRESET" --steps 60 --out "$OUT/bench/bench_vae_train.txt" \
+     "${EXTRA_ARGS[@]}" vae.spatial_downsamples=$DOWN >"$OUT/bench_vae.log" 2>&1
+   mark "bench vae-train: exit $? ($(tail -1 "$OUT/bench/bench_vae_train.txt" 2>/dev/null))") &
+  vae_bench=$!
+fi
 [ "$BENCH" = 1 ] && (
   timeout 300 "${WL[@]}" bench wm --preset "$PRESET" --out "$OUT/bench/bench_wm.txt" "${EXTRA_ARGS[@]}" >"$OUT/bench_wm.log" 2>&1
   mark "bench wm: exit $?"
@@ -104,6 +116,8 @@ sim_chain=$!
 bench_chain=$!
 wait "$sim_chain"; wait "$bench_chain"
 if [ ! -f "$DATA/meta/info.json" ]; then mark "no dataset: stopping"; exit 1; fi
+[ -n "${vae_bench:-}" ] && wait "$vae_bench"
+if grep -qx "faster: channels_last" "$OUT/bench/bench_vae_train.txt" 2>/dev/null; then export VAE_CHANNELS_LAST=1; fi
 
 # ---------------------------------------------------------------------------- phase 2
 (OUT="$OUT/policy" EPISODES=$EPISODES bash scripts/gpu/policy.sh "$DATA" >"$OUT/policy.log" 2>&1; mark "policy chain: exit $?") &

@@ -11,7 +11,8 @@
 # train-wm continues it with --init for WM_SECONDS more, on its own VAE unless VAE_FROM says otherwise;
 # WM_SECONDS=0: used as it is, linked as $OUT/wm and only evaluated, so what waits for it starts minutes earlier),
 # CARRY (a folder: the trained DiT, and the VAE when trained here, packed there in 15 MB parts for the
-# next lease; see worldloop/utils/parts.py), SKIP_BENCH=1, PRESET (metaworld-gpu), EXTRA (overrides),
+# next lease; see worldloop/utils/parts.py), VAE_CHANNELS_LAST (1: vae.channels_last, session.sh sets it when
+# `bench vae-train` found that layout faster), SKIP_BENCH=1, PRESET (metaworld-gpu), EXTRA (overrides),
 # EVAL_MEMORY_NOISE ("": extra eval-wm runs, one per world_model.memory_noise level, e.g. "0.1 0.2"),
 # MORE_DATA (more dataset folders, e.g. a policy's rollouts: the world model trains on them too and
 # eval-wm replays their held-out episodes as well; each is waited for, MORE_DATA_WAIT_S = 300 s at most,
@@ -53,7 +54,8 @@ if [ -n "${WM_FROM:-}" ]; then
   [ "$USE_AS_IS" = 1 ] || echo "world model: continuing $WM_FROM (its DiT trains on with --init), VAE from ${VAE_FROM:-training on from $VAE_INIT}" | tee -a "$OUT/log.txt"
 fi
 if [ -n "${VAE_FROM:-}" ]; then VAE_ARGS=("vae.pretrained=$VAE_FROM")
-else VAE_ARGS=(vae.spatial_downsamples=$DOWN vae.time_limit_s=$VAE_SECONDS ${VAE_STEPS:+vae.steps=$VAE_STEPS} ${VAE_INIT:+vae.init=$VAE_INIT}); fi
+else VAE_ARGS=(vae.spatial_downsamples=$DOWN vae.time_limit_s=$VAE_SECONDS ${VAE_STEPS:+vae.steps=$VAE_STEPS} ${VAE_INIT:+vae.init=$VAE_INIT})
+  [ "${VAE_CHANNELS_LAST:-0}" = 1 ] && VAE_ARGS+=(vae.channels_last=true); fi
 timeout $((VAE_SECONDS + 240)) $PY -m worldloop train-vae --dataset "$DATA" --out "$OUT/vae" "${COMMON[@]}" "${VAE_ARGS[@]}" \
   2>&1 | grep -v "it/s]" | tail -20 | tee -a "$OUT/log.txt"
 

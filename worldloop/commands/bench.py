@@ -18,12 +18,14 @@ HELP = """Measure speed and print a table:
   policy  compact-VLA act() and SFT step throughput
   wm      world-model step (5 DiT steps + decode of the new frames): frames/s and FLOP utilisation
   wm-train  world-model training: optimizer steps/s and clips/s, without and with self-forcing
+  vae-train  VAE training: optimizer steps/s and clips/s, default and channels-last memory layout
   reward  judge throughput: classifier and TOPReward windows/s"""
 
 TARGETS: dict[str, str] = {
     "sim": "worldloop.sims.bench:bench_sim",
     "wm": "worldloop.worldmodel.bench:bench_wm",
     "wm-train": "worldloop.worldmodel.bench_train:bench_wm_train",
+    "vae-train": "worldloop.worldmodel.bench_train:bench_vae_train",
     "reward": "worldloop.rewards.bench:bench_reward_target",
     "data": "worldloop.data.bench:bench_data",
     "policy": "worldloop.policies.bench:bench_policy",

@@ -1,4 +1,5 @@
-"""``worldloop bench wm-train``: world-model training speed, with random weights and random latent clips.
+"""``worldloop bench wm-train`` and ``bench vae-train``: world-model and VAE training speed, with random
+weights and random data.
 
 It runs ``train_world_model`` itself, the loop ``train-wm`` runs, on ready-made random clips of the
 preset's shape (``world_model.size``, ``world_model.batch_size``, latents of ``sim.image_size`` frames
@@ -9,6 +10,11 @@ self-forcing at ``world_model.self_forcing`` (0.5 when the preset has none) from
 share of the clips gets its memory latent from no-grad samples of the clips 1..``self_forcing_chunks``
 chunks earlier, in ``self_forcing_steps`` Euler steps each (``sampling_steps`` when 0). Reported: steps/s, clips/s and the
 DiT's matmul TFLOP/s (3 forwards per trained clip, plus the self-forced samples' forwards).
+
+``bench vae-train`` runs ``train_vae`` the same way (``--steps`` and 1/6 of that, the difference timed) on
+random frames of ``sim.image_size``, with the VAE's 3D convolutions in the default (NCDHW) and in the
+channels-last (NDHWC) memory layout (``vae.channels_last``); reported: steps/s and clips/s of each, and which
+is faster.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import argparse
 import dataclasses
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -109,4 +116,74 @@ def bench_wm_train(args: argparse.Namespace, config: Config) -> int:
     if args.out:
         atomic_write_text(Path(args.out), title + "\n" + table + "\n")
         atomic_write_json(Path(args.out).with_suffix(".json"), rows)
+    return 0
+
+
+# ============================================================================================ VAE
+
+
+def random_episodes(image_size: int, count: int = 8, length: int = 40) -> list[SimpleNamespace]:
+    """Episodes of random uint8 frames (length, H, W, 3): what ``train_vae`` reads."""
+    generator = torch.Generator().manual_seed(0)
+    return [
+        SimpleNamespace(frames=torch.randint(0, 256, (length, image_size, image_size, 3), generator=generator, dtype=torch.uint8),
+                        actions=torch.zeros(length, 4))
+        for _ in range(count)
+    ]  # fmt: skip
+
+
+def time_vae_training(config: Config, episodes: list, steps: int, channels_last: bool, device: torch.device) -> float:
+    """Wall seconds of one ``train_vae`` run of ``steps`` steps (build, loop, statistics, metrics and save)."""
+    from worldloop.worldmodel.train import train_vae
+
+    never = 10**9
+    vae = dataclasses.replace(config.vae, steps=steps, channels_last=channels_last, time_limit_s=0.0, init=None, pretrained=None,
+                              log_every=never, checkpoint_every=never)  # fmt: skip
+    with tempfile.TemporaryDirectory() as out:
+        run = lambda: train_vae(vae, episodes, episodes[:1], out, device, seed=config.seed)  # noqa: E731
+        return seconds_per_call(run, device, repeats=1, warmup=0)
+
+
+def measure_vae(config: Config, episodes: list, steps: int, channels_last: bool, device: torch.device) -> dict:
+    short = max(1, steps // 6)
+    long_s = time_vae_training(config, episodes, steps, channels_last, device)
+    per_step = max(long_s - time_vae_training(config, episodes, short, channels_last, device), 1e-9) / (steps - short)
+    layout = "channels_last" if channels_last else "contiguous"
+    batch = config.vae.batch_size
+    return {"size": config.vae.size, "batch": batch, "frames": config.vae.clip_frames, "image_size": config.sim.image_size,
+            "layout": layout, "step_ms": 1e3 * per_step, "steps_per_s": 1 / per_step, "clips_per_s": batch / per_step}  # fmt: skip
+
+
+def format_vae_table(rows: list[dict]) -> str:
+    header = f"{'preset':<8} {'batch':>5} {'frames':>6} {'pixels':>6} {'layout':<14} {'step ms':>8} {'steps/s':>8} {'clips/s':>8}"
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        lines.append(f"{r['size']:<8} {r['batch']:>5} {r['frames']:>6} {r['image_size']:>6} {r['layout']:<14} {r['step_ms']:8.1f} "
+                     f"{r['steps_per_s']:8.2f} {r['clips_per_s']:8.1f}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def bench_vae_train(args: argparse.Namespace, config: Config) -> int:
+    """Time ``train_vae`` with both memory layouts; the JSON next to ``--out`` names the faster (``faster``)."""
+    from worldloop.utils.device import resolve_device
+    from worldloop.utils.io import atomic_write_json, atomic_write_text
+
+    if args.steps < 2:
+        raise ValueError(f"bench vae-train needs --steps >= 2 (it times the difference of two runs), got {args.steps}")
+    device = resolve_device(config.device)
+    episodes = random_episodes(config.sim.image_size, length=max(40, config.vae.clip_frames))
+    for channels_last in (False, True):  # warm-up: CUDA context, cuDNN's choices for both layouts
+        time_vae_training(config, episodes, 2, channels_last, device)
+    rows = []
+    for channels_last in (False, True):
+        rows.append(measure_vae(config, episodes, args.steps, channels_last, device))
+        print(format_vae_table(rows[-1:]).splitlines()[-1], flush=True)
+    faster = min(rows, key=lambda r: r["step_ms"])["layout"]
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    title = f"worldloop bench vae-train on {where} ({config.sim.image_size}px frames, {config.vae.spatial_downsamples} spatial halvings)"
+    table = format_vae_table(rows)
+    print(f"{title}\n{table}\nfaster: {faster}")
+    if args.out:
+        atomic_write_text(Path(args.out), f"{title}\n{table}\nfaster: {faster}\n")
+        atomic_write_json(Path(args.out).with_suffix(".json"), {"rows": rows, "faster": faster})
     return 0

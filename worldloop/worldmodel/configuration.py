@@ -55,6 +55,10 @@ class VAEConfig:
     time_limit_s: float = 0.0
     """Training seconds (summed over resumed runs) after which training stops even before `steps`; the
     learning-rate schedule then spans this time (0 = no limit: the schedule spans `steps`)."""
+    channels_last: bool = False
+    """Train with the 3D convolutions' weights and activations in channels-last (NDHWC) memory, the layout
+    of cuDNN's tensor-core kernels; the same arithmetic, saved as usual. `worldloop bench vae-train` measures
+    whether it is faster on a given GPU."""
 
     def validate(self) -> None:
         if self.size not in SIZES:

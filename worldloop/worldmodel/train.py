@@ -174,6 +174,8 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
         factor = vae_lib.spatial_factor(vae)
         if image_size % factor:
             raise ValueError(f"frames of {image_size}x{image_size} are not divisible by the VAE's {factor}x spatial compression")
+        layout = torch.channels_last_3d if config.channels_last else torch.contiguous_format
+        vae_lib.set_memory_format(vae, layout)  # before the optimizer: its state takes the weights' layout
         perceptual = VGGFeatures(config.perceptual_weights).to(device) if config.perceptual_weights and config.perceptual_weight > 0 else None
         optimizer = torch.optim.AdamW(vae.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.99))
         budget = TrainingBudget(config.steps, config.time_limit_s)
@@ -194,7 +196,7 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
             if budget.out_of_time():  # checked first: a resumed run whose time is spent takes no step
                 break
             frames = _random_clips(train_episodes, config.batch_size, config.clip_frames, generator).to(device)
-            pixels = vae_lib.frames_to_pixels(frames)
+            pixels = vae_lib.frames_to_pixels(frames).contiguous(memory_format=layout)
             with autocast(device):
                 posterior = vae.encode(pixels).latent_dist
                 recon = vae.decode(posterior.sample()).sample
@@ -224,6 +226,7 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
         steps_done = done
         save_checkpoint(out, steps_done, {"vae": vae}, stateful, extra={"seconds": budget.seconds()})
         writer.close()
+        vae_lib.set_memory_format(vae, torch.contiguous_format)
         vae.eval()
         mean, std = latent_statistics(vae, train_episodes, device)
         vae.register_to_config(latents_mean=mean, latents_std=std)
