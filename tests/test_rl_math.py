@@ -137,3 +137,50 @@ def test_agreement_beyond_chance_by_hand():
     assert agreement_beyond_chance([0, 0], [0, 0], ["a", "a"])["kappa"] is None  # chance is 1: undefined
     with pytest.raises(ValueError, match="a stratum for every episode"):
         agreement_beyond_chance([1, 0], [1], ["a", "a"])
+
+
+def test_paired_difference_by_hand():
+    """Changes 0,0,+1,+1,0,-1,0,0,0,0: mean 0.1, sample variance 2.9 / 9, SE sqrt(2.9 / 90); 2 gained, 1 lost."""
+    from worldloop.utils.stats import format_paired, paired_difference
+
+    change = paired_difference([1, 1, 0, 0, 0, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0, 0, 0])
+    assert change["difference"] == pytest.approx(0.1) and change["stderr"] == pytest.approx(math.sqrt(2.9 / 90))
+    assert (change["gained"], change["lost"], change["episodes"]) == (2, 1, 10)
+    assert format_paired(change) == "+0.100 (paired SE 0.180, +0.6 SE; 2 gained, 1 lost)"
+    assert format_paired(paired_difference([1, 0], [1, 0])) == "+0.000 (no episode changed)"
+    with pytest.raises(ValueError, match="two outcomes"):
+        paired_difference([1, 0], [1])
+
+
+def test_paired_changes_split_the_task_major_episodes_and_tighten_the_fall():
+    """RL's evaluations repeat the same initial states: the paired change per task reads the verdict strings in the
+    check's task-major order; a fall where few episodes flipped is significant paired and not unpaired."""
+    from worldloop.rl.rollout import paired_changes
+    from worldloop.rl.trainer import paired_change_rows, real_success_fall
+
+    def check(real: str, imagined: str, tasks=("a", "b")) -> dict:
+        size = len(real) // len(tasks)
+        per_task = {t: {"success_once": real[i * size : (i + 1) * size].count("1") / size, "stderr": 0.0, "episodes": size} for i, t in enumerate(tasks)}
+        return {"iteration": 0, "real": {"success_once": real.count("1") / len(real), "stderr": 0.0, "episodes": len(real), "per_task": per_task},
+                "per_episode": {"real": real, "imagined": imagined}}  # fmt: skip
+
+    first, later = check("100000", "000000"), check("111001", "000100")
+    real = paired_changes(first, later)
+    assert real["difference"] == pytest.approx(3 / 6) and real["per_task"]["a"]["difference"] == pytest.approx(2 / 3)
+    assert real["per_task"]["b"]["difference"] == pytest.approx(1 / 3) and real["per_task"]["b"]["gained"] == 1
+    assert paired_changes(first, later, "imagined")["per_task"]["b"]["difference"] == pytest.approx(1 / 3)
+    assert paired_changes({"real": first["real"]}, later) is None  # no per-episode verdicts kept: unpaired only
+    rows = paired_change_rows([first, later | {"iteration": 9}])
+    assert "Change from iteration 0 to 9" in rows[1] and rows[-2].startswith("| a | +0.667") and rows[-1].startswith("| b | +0.333")
+
+    # 100 episodes at 0.50; 10 of them fail later, none gains: -0.10, unpaired 0.10 / hypot(0.050, 0.049) = 1.4 SE,
+    # paired 0.1 / sqrt((10 * 0.81 + 90 * 0.01) / 99 / 100) = 3.3 SE
+    def rates(real: str) -> dict:
+        p = real.count("1") / len(real)
+        summary = {"success_once": p, "stderr": math.sqrt(p * (1 - p) / len(real)), "episodes": len(real)}
+        return {"real": summary | {"per_task": {"a": dict(summary)}}, "per_episode": {"real": real}}
+
+    before, after = rates("1" * 50 + "0" * 50), rates("1" * 40 + "0" * 60)
+    assert real_success_fall(before, after, 3.0) == ["overall 0.500 -> 0.400 (-3.3 paired SE)", "a 0.500 -> 0.400 (-3.3 paired SE)"]
+    unpaired = [{key: value for key, value in result.items() if key != "per_episode"} for result in (before, after)]
+    assert real_success_fall(*unpaired, 3.0) == [] and real_success_fall(*unpaired, 1.0) == ["overall 0.500 -> 0.400 (-1.4 SE)", "a 0.500 -> 0.400 (-1.4 SE)"]

@@ -51,6 +51,13 @@ def test_rl_in_imagination_raises_real_success(tmp_path):
                  "actor/clip_fraction", "actor/entropy", "actor/grad_norm", "actor/lr", "time/rollout", "time/update",
                  "actor/approx_kl_before_update"):  # fmt: skip
         assert name in names, name
+    # Training success split by kind of start (KIR keyframe or first frame) adds up to the overall rate.
+    both = [h for h in results["history"] if "env/success_once_keyframe" in h and "env/success_once_first_frame" in h]
+    assert both
+    for h in both:
+        share = h["rollout/keyframe_starts"]
+        mixed = share * h["env/success_once_keyframe"] + (1 - share) * h["env/success_once_first_frame"]
+        assert mixed == pytest.approx(h["env/success_once"], abs=1e-6), h
     # The rollout's log-probs are those the update computes for the same weights.
     assert max(h.get("actor/approx_kl_before_update", 0.0) for h in results["history"]) < 1e-6
     run = tmp_path / "run"

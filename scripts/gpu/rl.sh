@@ -58,7 +58,7 @@ calibration = [line for line in (log.read_text().splitlines() if log.is_file() e
 if not path.is_file():
     print(f"no {path}: rl did not finish (see {out}/rl.log)", *calibration, sep="\n"); sys.exit(0)
 results = json.loads(path.read_text())
-print((out / "rl" / "results.md").read_text())
+print((out / "rl" / "results.md").read_text())  # with the paired changes from the first evaluation to the last
 print(*calibration, sep="\n")
 evals = results["evaluations"]
 def change(a, b):

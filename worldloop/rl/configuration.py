@@ -134,7 +134,8 @@ class RLConfig:
     whose imagination turned pessimistic)."""
     stop_when_real_falls_se: float = 0.0
     """Stop RL at the first evaluation whose real success, overall or on any evaluation task, lies below the first
-    evaluation's by more than this many standard errors of the difference; the weights of the last evaluation that
+    evaluation's by more than this many standard errors of the difference (paired episode by episode: the evaluations
+    share their initial states, so only episodes whose outcome flipped count); the weights of the last evaluation that
     did not fall become the final policy (OUT/policy; results.json's "stopped" says which). 0: off. RL in
     imagination lowered door-open's real success while imagination said it rose in the thirteenth and fifteenth
     H200 sessions (0.46 -> 0.13, 0.49 -> 0.07). Each evaluation and task is one more look: with several of

@@ -11,8 +11,8 @@ from typing import Any
 def plot_curves(results: dict[str, Any], path: str | Path) -> Path:
     """Left: real success_once per task (± standard error) at each evaluation, imagined from the same
     initial states dashed, the judge on the real frames (^) and the world model replaying the real actions (x).
-    Right: per training iteration, the imagined success_once, the share of groups kept by GRPO and the share
-    that were all-success (the signal RL had); with rl.refine_every, the real success of each refinement round's
+    Right: per training iteration, the imagined success_once (overall, and from first frames and from KIR
+    keyframes apart), the share of groups kept by GRPO and the share that were all-success (the signal RL had); with rl.refine_every, the real success of each refinement round's
     rollouts (diamonds). Third: approx_kl, clip_fraction and approx_kl before the update
     (rollout vs update numerics) per iteration, log scale."""
     import matplotlib
@@ -46,6 +46,10 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> Path:
         for name, style in (("env/success_once", "-"), ("rollout/kept_groups", "-"), ("rollout/groups_all_success", ":")):
             if all(name in h for h in history):
                 right.plot(steps, [h[name] for h in history], style, label=name)
+        for name, style in (("env/success_once_first_frame", "--"), ("env/success_once_keyframe", "-.")):  # by kind of start (KIR)
+            points = [(h["iteration"], h[name]) for h in history if name in h]
+            if points:
+                right.plot(*zip(*points), style, linewidth=0.8, label=name)
         rounds = [h for h in history if "world_model/refine_real_success" in h]  # rl.refine_every: the same policy in reality
         if rounds:
             right.plot([h["iteration"] for h in rounds], [h["world_model/refine_real_success"] for h in rounds], "D", color="k",

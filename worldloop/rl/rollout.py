@@ -14,7 +14,7 @@ import torch
 from worldloop.envs.judging import JudgedEnv, streak_score
 from worldloop.envs.protocol import EnvReset, VecEnv
 from worldloop.utils.device import autocast_dtype
-from worldloop.utils.stats import agreement_beyond_chance, rate_with_stderr
+from worldloop.utils.stats import agreement_beyond_chance, paired_difference, rate_with_stderr
 
 
 @dataclass
@@ -139,6 +139,22 @@ def summarize(success_once: torch.Tensor, task_names: Sequence[str]) -> dict[str
         task_rate, task_stderr = rate_with_stderr(mine)
         per_task[task] = {"success_once": task_rate, "stderr": task_stderr, "episodes": len(mine)}
     return {"success_once": rate, "stderr": stderr, "episodes": len(outcomes), "per_task": per_task}
+
+
+def paired_changes(first: dict[str, Any], later: dict[str, Any], source: str = "real") -> dict[str, Any] | None:
+    """How ``source``'s verdicts (real, imagined, ...) changed between two reality checks of the same episodes,
+    overall and per task, paired episode by episode (:func:`worldloop.utils.stats.paired_difference`); None
+    when either check kept no per-episode verdicts of ``source`` or they are of different episodes."""
+    before, after = (result.get("per_episode", {}).get(source) for result in (first, later))
+    if before is None or after is None or len(before) != len(after) < 2 or list(first["real"]["per_task"]) != list(later["real"]["per_task"]):
+        return None
+    per_task, start = {}, 0
+    for task, numbers in first["real"]["per_task"].items():  # the check's episodes are task-major, in this order
+        end = start + numbers["episodes"]
+        if numbers["episodes"] >= 2:
+            per_task[task] = paired_difference([c == "1" for c in before[start:end]], [c == "1" for c in after[start:end]])
+        start = end
+    return paired_difference([c == "1" for c in before], [c == "1" for c in after]) | {"per_task": per_task}
 
 
 class RealityCheck:

@@ -41,10 +41,10 @@ from worldloop.rl.advantages import explained_variance, gae, grpo_advantages, in
 from worldloop.rl.configuration import RLConfig
 from worldloop.rl.curves import plot_curves
 from worldloop.rl.losses import clipped_policy_loss, clipped_value_loss, entropy_bonus, kl_penalty
-from worldloop.rl.rollout import autocast, check_compatible, collect, policy_device, tracking_line
+from worldloop.rl.rollout import autocast, check_compatible, collect, paired_changes, policy_device, tracking_line
 from worldloop.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from worldloop.utils.io import atomic_path, atomic_write_json, atomic_write_text
-from worldloop.utils.stats import format_kappa
+from worldloop.utils.stats import format_kappa, format_paired
 
 
 def train(
@@ -288,8 +288,12 @@ def train(
         silent = silent + 1 if not ppo and not bool(keep.any()) else 0
         if silent == SILENT_ITERATIONS:
             warn(iteration + 1, silence_diagnosis(metrics, SILENT_ITERATIONS), once=False)
-        if hasattr(env, "started_from_keyframe"):  # the imagined env: the share of KIR starts
-            metrics["rollout/keyframe_starts"] = env.started_from_keyframe.float().mean().item()
+        if hasattr(env, "started_from_keyframe"):  # the imagined env: the share of KIR starts, and how each kind of start fared
+            from_keyframe = env.started_from_keyframe.to(rollout.success_once.device)
+            metrics["rollout/keyframe_starts"] = from_keyframe.float().mean().item()
+            for name, starts in (("keyframe", from_keyframe), ("first_frame", ~from_keyframe)):
+                if starts.any():  # absent, not NaN, when an iteration had no such start
+                    metrics[f"env/success_once_{name}"] = rollout.success_once[starts].float().mean().item()
         if used_advantages.numel():
             metrics |= {
                 "rollout/advantages_mean": used_advantages.mean().item(),
@@ -516,16 +520,20 @@ def imagination_tracking_diagnosis(result: dict[str, Any], slight: float = 0.2, 
 
 def real_success_fall(first: dict[str, Any], result: dict[str, Any], threshold_se: float) -> list[str]:
     """The real success rates of ``result`` (overall, then each task) that lie below ``first``'s by more than
-    ``threshold_se`` standard errors of the difference, sqrt(se_first^2 + se^2), as 'name before -> after (z SE)'.
-    Unpaired: the evaluations share their initial states, so the paired difference would be tighter."""
+    ``threshold_se`` standard errors of the difference, as 'name before -> after (z SE)'. The evaluations share
+    their initial states, so where both kept their per-episode verdicts the difference is paired episode by
+    episode (only flipped episodes count: tighter); otherwise unpaired, sqrt(se_first^2 + se^2)."""
     before, after = first["real"], result["real"]
-    pairs = [("overall", before, after)] + [(task, before["per_task"][task], rates) for task, rates in after["per_task"].items() if task in before["per_task"]]
+    paired = paired_changes(first, result) or {"per_task": {}}
+    pairs = [("overall", before, after, paired.get("stderr"))]
+    pairs += [(task, before["per_task"][task], rates, paired["per_task"].get(task, {}).get("stderr"))
+              for task, rates in after["per_task"].items() if task in before["per_task"]]  # fmt: skip
     fallen = []
-    for name, then, now in pairs:
+    for name, then, now, paired_stderr in pairs:
         drop = then["success_once"] - now["success_once"]
-        stderr = math.hypot(then["stderr"], now["stderr"])
+        stderr = math.hypot(then["stderr"], now["stderr"]) if paired_stderr is None else paired_stderr
         if drop > 0 and drop > threshold_se * stderr:
-            z = f"{-drop / stderr:+.1f} SE" if stderr > 0 else "every episode"
+            z = f"{-drop / stderr:+.1f} {'paired ' if paired_stderr is not None else ''}SE" if stderr > 0 else "every episode"
             fallen.append(f"{name} {then['success_once']:.3f} -> {now['success_once']:.3f} ({z})")
     return fallen
 
@@ -549,6 +557,7 @@ def results_table(evaluations: list[dict[str, Any]], history: list[dict[str, Any
         imagined = _rate(result["imagined"]) if "imagined" in result else "-"
         agreement = _agreement(result) if "agreement" in result else "-"
         lines.append(f"| {result['iteration']} | {_rate(result['real'])} | {imagined} | {agreement} |")
+    lines += paired_change_rows(evaluations)
     tracked = [result for result in evaluations if result.get("tracking")]
     if tracked:
         lines += ["", "From the same initial states, how long imagination follows the real trajectory:", ""]
@@ -579,6 +588,25 @@ def results_table(evaluations: list[dict[str, Any]], history: list[dict[str, Any
                 row += " - |" if threshold is None else f" {threshold:.3f} ({'-' if math.isnan(kappa) else f'{kappa:.2f}'}) |"
             lines.append(row)
     return "\n".join(lines) + "\n"
+
+
+def paired_change_rows(evaluations: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines: real and imagined success from the first evaluation to the last, paired episode by episode
+    over their shared initial states, overall and per task (none when the evaluations kept no per-episode verdicts)."""
+    if len(evaluations) < 2:
+        return []
+    first, last = evaluations[0], evaluations[-1]
+    changes = {source: paired_changes(first, last, source) for source in ("real", "imagined")}
+    if changes["real"] is None:
+        return []
+    sources = [source for source, change in changes.items() if change is not None]
+    lines = ["", f"Change from iteration {first['iteration']} to {last['iteration']}, paired over the same initial states:", "",
+             "| task | " + " | ".join(sources) + " |", "|---|" + "---|" * len(sources)]  # fmt: skip
+    lines.append("| overall | " + " | ".join(format_paired(changes[source]) for source in sources) + " |")
+    for task in changes["real"]["per_task"]:
+        cells = [format_paired(changes[source]["per_task"][task]) if task in changes[source]["per_task"] else "-" for source in sources]
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _agreement(result: dict[str, Any]) -> str:

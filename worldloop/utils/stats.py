@@ -21,6 +21,31 @@ def format_rate(outcomes: Sequence[bool] | Sequence[float]) -> str:
     return f"{p:.3f} ± {se:.3f} (n={len(outcomes)})"
 
 
+def paired_difference(before: Sequence[bool], after: Sequence[bool]) -> dict[str, float | int]:
+    """How much a 0/1 outcome changed on the same episodes (the same initial states before and after).
+
+    ``difference`` is the mean of after - before, ``stderr`` its standard error over episodes, sqrt(s^2 / n)
+    with s^2 the sample variance of the per-episode differences: only episodes whose outcome flipped add
+    to it, so it is tighter than the unpaired sqrt(se_before^2 + se_after^2) when most episodes keep theirs.
+    ``gained`` and ``lost`` count the flips each way."""
+    n = len(before)
+    if n < 2 or len(after) != n:
+        raise ValueError(f"a paired difference needs two outcomes for each of at least 2 episodes, got {len(before)} and {len(after)}")
+    changes = [int(bool(b)) - int(bool(a)) for a, b in zip(before, after)]
+    mean = sum(changes) / n
+    variance = sum((c - mean) ** 2 for c in changes) / (n - 1)
+    return {"difference": mean, "stderr": math.sqrt(variance / n), "gained": changes.count(1), "lost": changes.count(-1), "episodes": n}
+
+
+def format_paired(change: dict[str, float | int]) -> str:
+    """'+0.138 (paired SE 0.043, +3.2 SE; 12 gained, 1 lost)'."""
+    difference, stderr = change["difference"], change["stderr"]
+    if not change["gained"] and not change["lost"]:
+        return f"{difference:+.3f} (no episode changed)"
+    z = f"{difference / stderr:+.1f} SE" if stderr > 0 else "every episode changed"
+    return f"{difference:+.3f} (paired SE {stderr:.3f}, {z}; {change['gained']} gained, {change['lost']} lost)"
+
+
 def format_kappa(kappa: float, stderr: float) -> str:
     """'-0.02 ± 0.09'."""
     return f"{kappa:.2f} ± {stderr:.2f}"
