@@ -170,6 +170,8 @@ def test_paired_changes_split_the_task_major_episodes_and_tighten_the_fall():
     assert real["per_task"]["b"]["difference"] == pytest.approx(1 / 3) and real["per_task"]["b"]["gained"] == 1
     assert paired_changes(first, later, "imagined")["per_task"]["b"]["difference"] == pytest.approx(1 / 3)
     assert paired_changes({"real": first["real"]}, later) is None  # no per-episode verdicts kept: unpaired only
+    assert paired_changes(first, check("111001", "000100", tasks=("b", "a"))) is None  # other episodes in the same places
+    assert paired_changes(first, check("111001", "000100", tasks=("a", "b", "c"))) is None
     rows = paired_change_rows([first, later | {"iteration": 9}])
     assert "Change from iteration 0 to 9" in rows[1] and rows[-2].startswith("| a | +0.667") and rows[-1].startswith("| b | +0.333")
 

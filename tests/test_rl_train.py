@@ -668,3 +668,24 @@ def test_the_replay_renders_the_real_episodes_actions_in_the_world_model():
         assert replayed.images.shape == real.images.shape and torch.equal(replayed.images[:, 0], real.images[:, 0])
         gaps.append(float((replayed.images[:, 1:].float() - real.images[:, 1:].float()).abs().mean()))
     assert gaps[0] < 0.5 and gaps[1] > 3 * gaps[0], gaps
+
+
+def test_the_reality_check_also_measures_imagination_from_keyframes():
+    """keyframe_env: the same episodes' imagined success from KIR keyframes of their task, with the episode's seeds,
+    so the same keyframes and noise at every evaluation (identical verdicts for an unchanged greedy policy); paired
+    from the first evaluation to the last like the first-frame one; a keyframe env of another size is refused."""
+    from worldloop.rl.trainer import paired_change_rows
+
+    torch.manual_seed(0)
+    episodes = 12
+    keyframes = ImaginedEnv(ToyWorldModel(), ToyJudge(), make_pool(32, 3), episodes, 1, max_steps=16, kir_ratio=1.0)
+    check = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=imagined(episodes, 1), greedy=True, keyframe_env=keyframes)
+    policy = ToyPolicy()
+    first, again = check(policy) | {"iteration": 0}, check(policy) | {"iteration": 5}
+    assert first["imagined_keyframes"]["keyframe_starts"] == 1.0 and first["imagined_keyframes"]["episodes"] == episodes
+    assert len(first["per_episode"]["imagined_keyframes"]) == episodes
+    assert first["per_episode"]["imagined_keyframes"] == again["per_episode"]["imagined_keyframes"]
+    rows = paired_change_rows([first, again])
+    assert rows[3] == "| task | real | imagined | imagined_keyframes |" and rows[-1].startswith(f"| {TASK} |")
+    with pytest.raises(ValueError, match="keyframe evaluation"):
+        RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=imagined(episodes, 1), keyframe_env=imagined(4, 1))

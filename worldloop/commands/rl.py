@@ -113,7 +113,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
                     train_sim_tasks = tracked_tasks(calibrated, train_sim_tasks, rl.judge_threshold_significance_se)
                     tasks = [instruction_of(task) for task in train_sim_tasks]
                     eval_tasks = list(rl.eval_tasks) or list(train_sim_tasks)
-            check = reality_check(config, eval_tasks, world_model, judge, dataset, device, closers, shared=calibration,
+            check = reality_check(config, eval_tasks, world_model, judge, dataset, device, closers, shared=calibration, keyframes=args.keyframes,
                                   video_dir=Path(args.out) / "videos", videos_per_task=rl.eval_videos_per_task)  # fmt: skip
             if calibration is not None and check.real_env is not calibration.real_env:
                 closers.remove(calibration.real_env)  # its episodes are taken; a refined model's recalibration only replays them
@@ -142,10 +142,11 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
 
 def reality_check(config: Config, tasks: list[str], world_model, judge, dataset, device, closers: list, first_episode: int = 0,
-                  shared=None, **videos):  # fmt: skip
+                  shared=None, keyframes: str | None = None, **videos):  # fmt: skip
     """rl's reality check: rl.eval_episodes_per_task real episodes per task of ``tasks`` from the eval verb's
     initial states (episode numbers from ``first_episode`` on) and, with a world model and judge, the same in
-    imagination. Its environments are ``shared``'s (a check on the same tasks) or new ones, added to ``closers``."""
+    imagination, and with ``keyframes`` (a KIR folder) in imagination from those keyframes too. Its environments
+    are ``shared``'s (a check on the same tasks) or new ones, added to ``closers``."""
     from worldloop.policies.evaluate import eval_seed
     from worldloop.rl.rollout import RealityCheck
     from worldloop.sims import make_env
@@ -161,8 +162,11 @@ def reality_check(config: Config, tasks: list[str], world_model, judge, dataset,
         if world_model is not None and judge is not None:
             horizon = -(-config.sim.max_steps // world_model.chunk_size) * world_model.chunk_size
             gap_env = imagined_env(config, world_model, judge, dataset, None, count, 1, horizon, device, kir_ratio=0.0)
+    keyframe_env = None
+    if keyframes and gap_env is not None:
+        keyframe_env = imagined_env(config, world_model, judge, dataset, keyframes, count, 1, gap_env.max_steps, device, kir_ratio=1.0)
     seeds = [eval_seed(task, first_episode + e, config.eval.seed_offset) for task in tasks for e in range(per_task)]
-    return RealityCheck(real_env, tasks, per_task, gap_env, seeds, config.eval.temperature, config.eval.greedy, **videos)
+    return RealityCheck(real_env, tasks, per_task, gap_env, seeds, config.eval.temperature, config.eval.greedy, keyframe_env=keyframe_env, **videos)
 
 
 def load_rl_judge(spec: str, device, config: Config):

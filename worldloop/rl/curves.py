@@ -10,10 +10,11 @@ from typing import Any
 
 def plot_curves(results: dict[str, Any], path: str | Path) -> Path:
     """Left: real success_once per task (± standard error) at each evaluation, imagined from the same
-    initial states dashed, the judge on the real frames (^) and the world model replaying the real actions (x).
+    initial states dashed (from KIR keyframes dotted, when measured), the judge on the real frames (^) and the
+    world model replaying the real actions (x).
     Right: per training iteration, the imagined success_once (overall, and from first frames and from KIR
-    keyframes apart), the share of groups kept by GRPO and the share that were all-success (the signal RL had); with rl.refine_every, the real success of each refinement round's
-    rollouts (diamonds). Third: approx_kl, clip_fraction and approx_kl before the update
+    keyframes apart), the share of groups kept by GRPO and the share that were all-success (the signal RL
+    had); with rl.refine_every, the real success of each refinement round's rollouts (diamonds). Third: approx_kl, clip_fraction and approx_kl before the update
     (rollout vs update numerics) per iteration, log scale."""
     import matplotlib
 
@@ -34,6 +35,9 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> Path:
         if all("imagined" in e for e in evaluations):
             imagined = [e["imagined"]["per_task"][task]["success_once"] for e in evaluations]
             left.plot(iterations, imagined, "s--", color=colour, label=f"{task}: imagined")
+        if all("imagined_keyframes" in e for e in evaluations):  # from KIR keyframes of the task
+            from_keyframes = [e["imagined_keyframes"]["per_task"][task]["success_once"] for e in evaluations]
+            left.plot(iterations, from_keyframes, "d:", color=colour, label=f"{task}: imagined from keyframes")
         for name, marker in (("judged_real", "^"), ("replayed", "x")):  # where the gap comes from (RealityCheck)
             if all(name in e.get("gap_sources", {}) for e in evaluations):
                 rates = [e["gap_sources"][name]["per_task"][task]["success_once"] for e in evaluations]

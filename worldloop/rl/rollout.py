@@ -146,8 +146,9 @@ def paired_changes(first: dict[str, Any], later: dict[str, Any], source: str = "
     overall and per task, paired episode by episode (:func:`worldloop.utils.stats.paired_difference`); None
     when either check kept no per-episode verdicts of ``source`` or they are of different episodes."""
     before, after = (result.get("per_episode", {}).get(source) for result in (first, later))
-    if before is None or after is None or len(before) != len(after) < 2 or list(first["real"]["per_task"]) != list(later["real"]["per_task"]):
-        return None
+    layout = [[(task, numbers["episodes"]) for task, numbers in result["real"]["per_task"].items()] for result in (first, later)]
+    if before is None or after is None or len(before) != len(after) or len(after) < 2 or layout[0] != layout[1]:
+        return None  # not the same episodes: other tasks, or as many episodes split otherwise
     per_task, start = {}, 0
     for task, numbers in first["real"]["per_task"].items():  # the check's episodes are task-major, in this order
         end = start + numbers["episodes"]
@@ -168,6 +169,12 @@ class RealityCheck:
     the judge); the closed-loop ``imagined`` run adds the policy reacting to imagined frames.
     ``per_episode`` keeps every verdict (real, imagined and each source) as a string of 0/1, one per episode.
 
+    ``keyframe_env`` (optional, as many environments, a pool with KIR keyframes, ``kir_ratio`` 1): the imagined
+    environment also runs from a keyframe of each episode's task, drawn with the episode's seed, so the same
+    keyframes and world-model noise at every evaluation (``imagined_keyframes``): the starts RL trains from
+    besides first frames, where the world model has less to imagine. A task without keyframes starts from a
+    dataset first frame there (``keyframe_starts`` says how many did not).
+
     ``real_env`` has one environment per evaluation episode (tasks x episodes_per_task, task-major);
     ``seeds`` (default: 10**6 + 1000 * task position + episode) are the same at every evaluation,
     so every evaluation sees the same initial states. ``imagined_env`` (optional) must have as many
@@ -185,6 +192,7 @@ class RealityCheck:
         greedy: bool = False,
         video_dir: str | Path | None = None,
         videos_per_task: int = 0,
+        keyframe_env: Any | None = None,
     ):
         count = len(tasks) * episodes_per_task
         if real_env.num_envs != count:
@@ -195,7 +203,9 @@ class RealityCheck:
             # found now, not after a whole real evaluation: the imagined run starts from the real frames, and its judge reads them
             raise ValueError(f"the real evaluation env renders {real_env.image_size}x{real_env.image_size} frames but the imagined one "
                              f"{imagined_env.image_size}x{imagined_env.image_size}: evaluate at the world model's resolution (sim.image_size)")
-        self.real_env, self.imagined_env = real_env, imagined_env
+        if keyframe_env is not None and (imagined_env is None or keyframe_env.num_envs != count):
+            raise ValueError(f"the keyframe evaluation needs the imagined one beside it and {count} envs")
+        self.real_env, self.imagined_env, self.keyframe_env = real_env, imagined_env, keyframe_env
         self.task_of_episode = [task for task in tasks for _ in range(episodes_per_task)]
         default = [10**6 + 1000 * t + e for t in range(len(tasks)) for e in range(episodes_per_task)]
         self.seeds = list(seeds) if seeds is not None else default
@@ -227,6 +237,12 @@ class RealityCheck:
                                      for name, verdicts in sources.items()}  # fmt: skip
             # every verdict, one character per episode (in the check's episode order), for paired comparisons later
             verdicts = {"real": real.success_once, "imagined": imagined.success_once} | sources
+            if self.keyframe_env is not None:
+                start = self.keyframe_env.reset(list(first.instructions), self.seeds)
+                from_keyframes = collect(policy, self.keyframe_env, start, self.temperature, self.greedy)
+                share = self.keyframe_env.started_from_keyframe.float().mean().item()
+                result["imagined_keyframes"] = summarize(from_keyframes.success_once, self.task_of_episode) | {"keyframe_starts": share}
+                verdicts["imagined_keyframes"] = from_keyframes.success_once
             result["per_episode"] = {name: "".join("1" if v else "0" for v in outcome.tolist()) for name, outcome in verdicts.items()}
             if self.video_dir is not None and self.videos_per_task > 0:
                 self._write_videos(real, replayed, imagined, tag)

@@ -120,11 +120,17 @@ def train(
         line = f"eval @ {iteration}: real {_rate(result['real'])}"
         if "imagined" in result:
             writer.add_scalar("eval/success_once_imagined", result["imagined"]["success_once"], iteration)
+            if "imagined_keyframes" in result:  # the same policy in imagination from KIR keyframes
+                writer.add_scalar("eval/success_once_imagined_keyframes", result["imagined_keyframes"]["success_once"], iteration)
+                for task, numbers in result["imagined_keyframes"]["per_task"].items():
+                    writer.add_scalar(f"eval/{task}/success_once_imagined_keyframes", numbers["success_once"], iteration)
             writer.add_scalar("eval/imagination_gap", result["imagined"]["success_once"] - result["real"]["success_once"], iteration)
             writer.add_scalar("eval/agreement", result["agreement"], iteration)
             if result.get("kappa") is not None:
                 writer.add_scalar("eval/kappa", result["kappa"], iteration)
             line += f" | imagined {_rate(result['imagined'])} | agreement {_agreement(result)}"
+            if "imagined_keyframes" in result:
+                line += f" | imagined from keyframes {_rate(result['imagined_keyframes'])}"
             for row in result.get("tracking", []):
                 writer.add_scalar(f"eval/tracking/psnr_after_{row['chunks']}_chunks", row["psnr"], iteration)
                 writer.add_scalar(f"eval/tracking/psnr_initial_frame_after_{row['chunks']}_chunks", row["psnr_initial_frame"], iteration)
@@ -591,12 +597,13 @@ def results_table(evaluations: list[dict[str, Any]], history: list[dict[str, Any
 
 
 def paired_change_rows(evaluations: list[dict[str, Any]]) -> list[str]:
-    """Markdown lines: real and imagined success from the first evaluation to the last, paired episode by episode
-    over their shared initial states, overall and per task (none when the evaluations kept no per-episode verdicts)."""
+    """Markdown lines: real and imagined success (and imagined from KIR keyframes, when measured) from the first
+    evaluation to the last, paired episode by episode over their shared initial states, overall and per task (none
+    when the evaluations kept no per-episode verdicts)."""
     if len(evaluations) < 2:
         return []
     first, last = evaluations[0], evaluations[-1]
-    changes = {source: paired_changes(first, last, source) for source in ("real", "imagined")}
+    changes = {source: paired_changes(first, last, source) for source in ("real", "imagined", "imagined_keyframes")}
     if changes["real"] is None:
         return []
     sources = [source for source, change in changes.items() if change is not None]
