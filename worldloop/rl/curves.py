@@ -14,8 +14,8 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> Path:
     world model replaying the real actions (x).
     Right: per training iteration, the imagined success_once (overall, and from first frames and from KIR
     keyframes apart), the share of groups kept by GRPO and the share that were all-success (the signal RL
-    had); with rl.refine_every, the real success of each refinement round's rollouts (diamonds). Third: approx_kl, clip_fraction and approx_kl before the update
-    (rollout vs update numerics) per iteration, log scale."""
+    had); with rl.refine_every, the real success of each refinement round's rollouts (diamonds). Third:
+    approx_kl, clip_fraction and approx_kl before the update (rollout vs update numerics) per iteration, log scale."""
     import matplotlib
 
     matplotlib.use("Agg")
