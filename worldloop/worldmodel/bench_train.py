@@ -24,6 +24,7 @@ import dataclasses
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any, Callable
 
 import torch
 
@@ -56,12 +57,27 @@ def time_training(config: Config, clips: dict[str, torch.Tensor], vae, steps: in
         return seconds_per_call(run, device, repeats=1, warmup=0)
 
 
+def seconds_per_step(run_seconds: Callable[[int], float], steps: int) -> float:
+    """Seconds per optimizer step of a training run timed at ``steps`` and 1/6 of that: the difference over the
+    step difference, free of the fixed costs around the loop."""
+    short = max(1, steps // 6)
+    return max(run_seconds(steps) - run_seconds(short), 1e-9) / (steps - short)
+
+
+def write_report(out: str | None, text: str, payload: Any) -> None:
+    """Print a bench's table; with ``out``, also write it there and ``payload`` as JSON beside it."""
+    from worldloop.utils.io import atomic_write_json, atomic_write_text
+
+    print(text)
+    if out:
+        atomic_write_text(Path(out), text + "\n")
+        atomic_write_json(Path(out).with_suffix(".json"), payload)
+
+
 def measure(config: Config, clips: dict[str, torch.Tensor], vae, steps: int, self_forcing: float, device: torch.device) -> dict:
     from worldloop.worldmodel.modeling import dit_flops_per_forward
 
-    short = max(1, steps // 6)
-    long_s = time_training(config, clips, vae, steps, self_forcing, device)
-    per_step = max(long_s - time_training(config, clips, vae, short, self_forcing, device), 1e-9) / (steps - short)
+    per_step = seconds_per_step(lambda n: time_training(config, clips, vae, n, self_forcing, device), steps)
     wm = config.world_model
     side = clips["latents"].shape[-1]
     tokens = 4 * (side // 2) ** 2
@@ -93,7 +109,6 @@ def format_table(rows: list[dict]) -> str:
 
 def bench_wm_train(args: argparse.Namespace, config: Config) -> int:
     from worldloop.utils.device import resolve_device
-    from worldloop.utils.io import atomic_write_json, atomic_write_text
     from worldloop.worldmodel import vae as vae_lib
 
     if args.steps < 2:
@@ -111,11 +126,7 @@ def bench_wm_train(args: argparse.Namespace, config: Config) -> int:
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     steps = sampler_steps(config.world_model)
     title = f"worldloop bench wm-train on {where} ({config.sim.image_size}px frames, {steps} sampler steps per self-forced clip)"
-    table = format_table(rows)
-    print(title + "\n" + table)
-    if args.out:
-        atomic_write_text(Path(args.out), title + "\n" + table + "\n")
-        atomic_write_json(Path(args.out).with_suffix(".json"), rows)
+    write_report(args.out, title + "\n" + format_table(rows), rows)
     return 0
 
 
@@ -145,9 +156,7 @@ def time_vae_training(config: Config, episodes: list, steps: int, channels_last:
 
 
 def measure_vae(config: Config, episodes: list, steps: int, channels_last: bool, device: torch.device) -> dict:
-    short = max(1, steps // 6)
-    long_s = time_vae_training(config, episodes, steps, channels_last, device)
-    per_step = max(long_s - time_vae_training(config, episodes, short, channels_last, device), 1e-9) / (steps - short)
+    per_step = seconds_per_step(lambda n: time_vae_training(config, episodes, n, channels_last, device), steps)
     layout = "channels_last" if channels_last else "contiguous"
     batch = config.vae.batch_size
     return {"size": config.vae.size, "batch": batch, "frames": config.vae.clip_frames, "image_size": config.sim.image_size,
@@ -166,7 +175,6 @@ def format_vae_table(rows: list[dict]) -> str:
 def bench_vae_train(args: argparse.Namespace, config: Config) -> int:
     """Time ``train_vae`` with both memory layouts; the JSON next to ``--out`` names the faster (``faster``)."""
     from worldloop.utils.device import resolve_device
-    from worldloop.utils.io import atomic_write_json, atomic_write_text
 
     if args.steps < 2:
         raise ValueError(f"bench vae-train needs --steps >= 2 (it times the difference of two runs), got {args.steps}")
@@ -181,9 +189,5 @@ def bench_vae_train(args: argparse.Namespace, config: Config) -> int:
     faster = min(rows, key=lambda r: r["step_ms"])["layout"]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     title = f"worldloop bench vae-train on {where} ({config.sim.image_size}px frames, {config.vae.spatial_downsamples} spatial halvings)"
-    table = format_vae_table(rows)
-    print(f"{title}\n{table}\nfaster: {faster}")
-    if args.out:
-        atomic_write_text(Path(args.out), f"{title}\n{table}\nfaster: {faster}\n")
-        atomic_write_json(Path(args.out).with_suffix(".json"), {"rows": rows, "faster": faster})
+    write_report(args.out, f"{title}\n{format_vae_table(rows)}\nfaster: {faster}", {"rows": rows, "faster": faster})
     return 0
