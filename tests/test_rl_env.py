@@ -107,6 +107,7 @@ class ScriptedJudge:
 
     def __init__(self, verdicts: list[list[bool]]):
         self.verdicts, self.calls = torch.tensor(verdicts), 0
+        self.task_thresholds: dict[str, float] = {}
 
     def score(self, windows: torch.Tensor, instructions: list[str]) -> torch.Tensor:
         self.calls += 1
@@ -134,6 +135,14 @@ def test_streak_score_is_the_highest_threshold_at_which_the_verdicts_pass():
             frames, active = torch.zeros(2, K, 2, 2, 3, dtype=torch.uint8), torch.ones(2, dtype=torch.bool)
             success = torch.stack([verdicts.update(frames, ["a", "b"], active) for _ in range(4)]).any(dim=0)
             assert success.tolist() == (streak_score(probability, needed) >= threshold).tolist(), (needed, threshold)
+    # a threshold of its own for instruction "b" (rl.judge_threshold_per_task); "a" keeps the judge's
+    judge = ScriptedJudge(probability.T.tolist())
+    judge.threshold, judge.task_thresholds = 0.85, {"b": 0.96}
+    verdicts = ChunkVerdicts(judge, 1)
+    verdicts.start(torch.zeros(2, 1, 2, 2, 3, dtype=torch.uint8))
+    frames, active = torch.zeros(2, K, 2, 2, 3, dtype=torch.uint8), torch.ones(2, dtype=torch.bool)
+    success = torch.stack([verdicts.update(frames, ["a", "b"], active) for _ in range(4)]).any(dim=0)
+    assert success.tolist() == [True, False]  # at 0.85 for both, "b" (0.95) would pass
 
 
 def test_success_must_hold_for_success_chunks_consecutive_chunks():

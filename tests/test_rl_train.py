@@ -11,6 +11,7 @@ from test_rl_env import make_pool
 
 from worldloop.envs.imagined import ImaginedEnv
 from worldloop.envs.toy import ToyEnv, ToyJudge, ToyWorldModel
+from worldloop.envs.toy import instruction as toy_instruction
 from worldloop.rl.configuration import RLConfig
 from worldloop.rl.rollout import RealityCheck
 from worldloop.rl.trainer import LARGE_UPDATE, minibatches_per_epoch, train
@@ -594,6 +595,75 @@ def test_a_lenient_judge_is_recalibrated_on_the_base_policys_replayed_episodes(t
         tracked_tasks(blind_result, [TASK], rl.judge_threshold_significance_se)
     with pytest.raises(ValueError, match="train_tasks 'tracked'"):
         RLConfig(train_tasks="tracked").validate()
+
+
+class SqueezedOn(ToyJudge):
+    """The toy judge with one task's scores squeezed toward 1 (score ** 0.001): the same order within each task
+    on another scale, as a judge may score one task's imagined frames (door-open's replays in the nineteenth H200
+    session agreed with the simulator around 0.9, button-press-topdown's around 0.998)."""
+
+    def __init__(self, task: str, **kwargs):
+        super().__init__(**kwargs)
+        self.squeezed = toy_instruction(task)
+
+    def score(self, windows: torch.Tensor, instructions: list[str]) -> torch.Tensor:
+        score = super().score(windows, instructions)
+        mine = torch.tensor([text == self.squeezed for text in instructions], device=score.device)
+        return torch.where(mine, score.clamp(min=1e-12) ** 1e-3, score)
+
+
+def test_each_task_gets_a_threshold_of_its_own_where_one_for_all_fits_neither(tmp_path, capsys):
+    """rl.judge_threshold_per_task: where a judge scores two tasks on different scales, one threshold for all
+    sits where one task's verdicts agree with the simulator less; each task's own episodes choose one that
+    agrees within the task. The judge holds them per instruction, the imagined environment judges by them,
+    a resumed run reads them back, and rl.train_tasks=tracked judges each task at its own."""
+    from worldloop.commands.rl import calibrate_threshold, tracked_tasks
+    from worldloop.envs.toy import TARGETS
+
+    torch.manual_seed(0)
+    tasks, episodes, policy = list(TARGETS), 64, ToyPolicy()
+    judge = SqueezedOn("reach-bottom-left", threshold=0.5)
+    env = ImaginedEnv(ToyWorldModel(), judge, make_pool(32, 3), 2 * episodes, 1, max_steps=16, kir_ratio=0.0)
+    seeds = [5000 + e for e in range(2 * episodes)]
+    calibration = RealityCheck(ToyEnv(2 * episodes, tasks=tasks), tasks, episodes, imagined_env=env, seeds=seeds)
+    for_all = calibration.calibrate_judge(policy, 0.0)  # tolerance 0: the best kappa's threshold, so the comparison is exact
+    assert judge.task_thresholds == {} and for_all["task_thresholds"] == {} and for_all["instruction_thresholds"] == {}
+    own = calibration.recalibrate_judge(0.0, 2.0, per_task=True)  # the same episodes, each task choosing its own
+    top, bottom = own["task_thresholds"]["reach-top-right"], own["task_thresholds"]["reach-bottom-left"]
+    assert top < 0.99 < bottom, own["task_thresholds"]  # the squeezed task's scores all lie above 0.99
+    assert judge.task_thresholds == {toy_instruction("reach-top-right"): top, toy_instruction("reach-bottom-left"): bottom}
+    kappa = {name: [result["replayed_after"]["per_task_kappa"][task]["kappa"] for task in tasks]
+             for name, result in (("for_all", for_all), ("own", own))}  # fmt: skip
+    assert all(mine >= theirs for mine, theirs in zip(kappa["own"], kappa["for_all"])), kappa  # within a task, its own best
+    assert min(kappa["own"]) > min(kappa["for_all"]) + 0.1, kappa  # the task the one for all did not fit
+    assert own["replayed_before"]["threshold"] == for_all["threshold"]  # judged at what the judge held before
+
+    def judged_on_real_frames() -> list[float]:
+        """Per task, the kappa of the judge's verdicts on the real frames of episodes from other initial states
+        (the same episodes at each call: the policy's samples are seeded; the judge ends nothing in reality)."""
+        torch.manual_seed(1)
+        result = RealityCheck(ToyEnv(2 * episodes, tasks=tasks), tasks, episodes, imagined_env=env)(policy)
+        return [result["gap_sources"]["judged_real"]["per_task_kappa"][task]["kappa"] for task in tasks]
+
+    at_own = judged_on_real_frames()  # the verdicts judge each task at its own threshold, out of sample too
+    judge.task_thresholds = {}
+    at_one = judged_on_real_frames()
+    assert min(at_own) > min(at_one), (at_own, at_one)
+    # rl's calibration step: saved, printed, plotted with each task's own mark, read back by a resumed run
+    rl = RLConfig(judge_threshold="replay", judge_threshold_per_task=True, judge_threshold_tolerance_se=0.0)
+    judge.threshold, judge.task_thresholds = 0.5, {}
+    path = tmp_path / "judge_calibration.json"
+    saved = calibrate_threshold(calibration, policy, judge, rl, path)  # new real episodes: thresholds near, not equal to, own's
+    top, bottom = saved["task_thresholds"]["reach-top-right"], saved["task_thresholds"]["reach-bottom-left"]
+    assert top < 0.99 < bottom and json.loads(path.read_text())["instruction_thresholds"] == judge.task_thresholds != {}
+    assert f"per task: reach-top-right {top:.3f}, reach-bottom-left {bottom:.3f}" in capsys.readouterr().out
+    assert (tmp_path / "judge_calibration.png").stat().st_size > 10_000
+    judge.threshold, judge.task_thresholds = 0.5, {}
+    calibrate_threshold(None, policy, judge, rl, path)
+    assert judge.threshold == saved["threshold"] and judge.task_thresholds == saved["instruction_thresholds"]
+    assert tracked_tasks(saved, tasks, rl.judge_threshold_significance_se) == tasks
+    with pytest.raises(ValueError, match="judge_threshold_per_task chooses thresholds as rl.judge_threshold 'replay' does"):
+        RLConfig(judge_threshold_per_task=True).validate()
 
 
 def test_a_reality_check_across_resolutions_is_refused_before_it_runs():

@@ -188,27 +188,28 @@ def calibrate_threshold(calibration, policy, judge, rl, path) -> dict:
     import time
 
     from worldloop.rewards.calibrate import plot_kappa_by_threshold
-    from worldloop.rl.rollout import LabelledEpisodes
+    from worldloop.rl.rollout import LabelledEpisodes, apply_calibration
     from worldloop.utils.io import atomic_write_json, read_json
     from worldloop.utils.stats import format_kappa
 
     episodes = path.with_name(f"{path.stem}_episodes.pt")
     if path.is_file():
         result = read_json(path)
-        judge.threshold = float(result["threshold"])
-        print(f"judge threshold {judge.threshold:.3f}, calibrated before training ({path})")
+        apply_calibration(judge, result)
+        print(f"judge threshold {judge.threshold:.3f}{own_thresholds(result)}, calibrated before training ({path})")
         if calibration is not None and episodes.is_file():
             calibration.labelled = LabelledEpisodes.load(episodes)
         return result
     began = time.perf_counter()
-    result = calibration.calibrate_judge(policy, rl.judge_threshold_tolerance_se, rl.judge_threshold_significance_se)
+    result = calibration.calibrate_judge(policy, rl.judge_threshold_tolerance_se, rl.judge_threshold_significance_se,
+                                         rl.judge_threshold_per_task)  # fmt: skip
     result["seconds"] = time.perf_counter() - began  # its cost: one real evaluation and one replay
     calibration.labelled.save(episodes)
     atomic_write_json(path, result)
     replays = result["per_episode"]
     plot_kappa_by_threshold(replays["score"], [c == "1" for c in replays["real"]], replays["task"],
                             {"before": result["previous"], "chosen": result["threshold"]}, path.with_suffix(".png"),
-                            "the base policy's real episodes replayed in the world model")  # fmt: skip
+                            "the base policy's real episodes replayed in the world model", task_marks=result["task_thresholds"])  # fmt: skip
 
     def kappa(verdicts: dict) -> str:
         return "undefined" if verdicts["kappa"] is None else format_kappa(verdicts["kappa"], verdicts["kappa_stderr"])
@@ -217,7 +218,8 @@ def calibrate_threshold(calibration, policy, judge, rl, path) -> dict:
     if result["calibrated"]:
         print(f"judge threshold {result['previous']:.3f} -> {result['threshold']:.3f}, chosen on the base policy's real episodes replayed "
               f"in the world model (n={result['real']['episodes']}, real success {result['real']['success_once']:.3f}): judged "
-              f"{before['success_once']:.3f} -> {after['success_once']:.3f}, kappa {kappa(before)} -> {kappa(after)}, in {result['seconds']:.0f} s ({path})")  # fmt: skip
+              f"{before['success_once']:.3f} -> {after['success_once']:.3f}, kappa {kappa(before)} -> {kappa(after)}{own_thresholds(result)}, "
+              f"in {result['seconds']:.0f} s ({path})")  # fmt: skip
     else:
         print(f"judge threshold {result['previous']:.3f} kept: {result['kept_because']} on the base policy's {result['real']['episodes']} "
               f"real episodes replayed in the world model (real success {result['real']['success_once']:.3f}; judged "
@@ -229,6 +231,13 @@ def calibrate_threshold(calibration, policy, judge, rl, path) -> dict:
               "this world model, so RL's reward will be noise. Check the replays (`calibrate-reward --world-model` on the "
               "policy's rollouts), a lower rl.success_chunks, or other tasks")  # fmt: skip
     return result
+
+
+def own_thresholds(calibration: dict) -> str:
+    """'; per task: door-open-v3 0.912, ...' for rl.judge_threshold_per_task's calibration, '' otherwise."""
+    own = calibration.get("task_thresholds") or {}
+    listed = ", ".join(f"{task} {'as for all' if threshold is None else f'{threshold:.3f}'}" for task, threshold in own.items())
+    return f"; per task: {listed}" if listed else ""
 
 
 def tracked_tasks(calibration: dict, candidates: list[str], significance_se: float) -> list[str]:

@@ -43,6 +43,7 @@ class WorldModelLike(Protocol):
 class JudgeLike(Protocol):  # worldloop.rewards.protocol.Judge, as far as the environment uses it
     window: int
     threshold: float
+    task_thresholds: dict[str, float]
 
     def score(self, windows: torch.Tensor, instructions: list[str]) -> torch.Tensor: ...
 

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import torch
 
 from worldloop.envs.protocol import EnvReset, EnvStep, VecEnv
+from worldloop.rewards.protocol import success_thresholds
 
 
 class ChunkVerdicts:
@@ -44,7 +45,8 @@ class ChunkVerdicts:
         probability = self.judge.probability(self.judge.score(self.history, list(instructions))).to(frames.device).float()
         active = active.to(frames.device)
         self.probability = torch.where(active, probability, 0.0)
-        judged = (probability >= self.judge.threshold) & active  # the judge's success(), from the probability kept above
+        threshold = success_thresholds(self.judge, instructions, frames.device)
+        judged = (probability >= threshold) & active  # the judge's success(), from the probability kept above
         self.streak = torch.where(judged, self.streak + 1, 0)
         return self.streak >= self.success_chunks
 

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from worldloop.envs.protocol import EnvReset, EnvStep, check_actions
+from worldloop.rewards.protocol import success_thresholds
 
 TARGETS = {
     "reach-top-right": (0.75, 0.25),
@@ -167,6 +168,7 @@ class ToyJudge:
 
     def __init__(self, image_size: int = 32, radius: float = 0.12, window: int = 4, threshold: float = 0.5):
         self.image_size, self.radius, self.window, self.threshold = image_size, radius, window, threshold
+        self.task_thresholds: dict[str, float] = {}
 
     def score(self, windows: torch.Tensor, instructions: list[str]) -> torch.Tensor:
         if windows.ndim != 5 or windows.shape[1] != self.window:
@@ -178,4 +180,5 @@ class ToyJudge:
         return scores
 
     def success(self, windows: torch.Tensor, instructions: list[str]) -> torch.Tensor:
-        return self.probability(self.score(windows, instructions)) >= self.threshold
+        probability = self.probability(self.score(windows, instructions))
+        return probability >= success_thresholds(self, instructions, probability.device)

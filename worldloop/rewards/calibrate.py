@@ -86,10 +86,11 @@ def plot_histogram(table: dict[str, np.ndarray], threshold: float, path: Path, t
 
 
 def plot_kappa_by_threshold(scores: Sequence[float], success: Sequence[bool], tasks: Sequence[str], marks: dict[str, float], path: Path,
-                            title: str) -> None:  # fmt: skip
+                            title: str, task_marks: dict[str, float | None] | None = None) -> None:  # fmt: skip
     """Per-episode agreement with the simulator beyond chance (Cohen's kappa) at every threshold: overall, with
-    chance within tasks, and each task's own; ``marks`` (label -> threshold) as vertical lines. Where every curve
-    stays at or under 0, no threshold lets the judge tell successes from failures."""
+    chance within tasks, and each task's own; ``marks`` (label -> threshold) as vertical lines, ``task_marks``
+    (task -> its own threshold, None: none) in the task's colour. Where every curve stays at or under 0, no
+    threshold lets the judge tell successes from failures."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -101,13 +102,18 @@ def plot_kappa_by_threshold(scores: Sequence[float], success: Sequence[bool], ta
     scores, success, tasks = np.asarray(scores, dtype=np.float64), np.asarray(success, dtype=bool), np.asarray(tasks)
     figure, axis = plt.subplots(figsize=(7, 3.8), dpi=120)
     curves = [("overall", np.ones(len(scores), dtype=bool))] + [(task, tasks == task) for task in dict.fromkeys(tasks.tolist())]
+    colour = {}
     for name, mine in curves:
         candidates, verdicts = kappa_curve(scores[mine], success[mine], tasks[mine])
         kappa = np.array([np.nan if v["kappa"] is None else v["kappa"] for v in verdicts])
-        axis.plot(clip(candidates), kappa, drawstyle="steps-post", linewidth=2.0 if name == "overall" else 1.0,
-                  color="black" if name == "overall" else None, label=f"{name} (n={int(mine.sum())})")  # fmt: skip
+        (line,) = axis.plot(clip(candidates), kappa, drawstyle="steps-post", linewidth=2.0 if name == "overall" else 1.0,
+                            color="black" if name == "overall" else None, label=f"{name} (n={int(mine.sum())})")  # fmt: skip
+        colour[name] = line.get_color()
     for (label, threshold), style in zip(marks.items(), ("--", ":", "-.")):
         axis.axvline(clip(threshold), color="gray", linestyle=style, label=f"{label} {threshold:.4f}")
+    for task, threshold in (task_marks or {}).items():
+        if threshold is not None and task in colour:
+            axis.axvline(clip(threshold), color=colour[task], linestyle=":", linewidth=1.0, label=f"{task}'s own {threshold:.4f}")
     axis.axhline(0.0, color="gray", linewidth=0.5)
     axis.set_xscale("logit")
     axis.set_xlabel("threshold on the episode's replay score")

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worldloop.rewards.protocol import check_windows
+from worldloop.rewards.protocol import check_windows, success_thresholds
 from worldloop.utils.pretrained import load_weights, read_model_config, save_model_folder
 
 KIND = "success_classifier"
@@ -46,6 +46,7 @@ class SuccessClassifier(nn.Module):
         self.conditioning = conditioning
         self.input_size = int(input_size)
         self.threshold = float(threshold)
+        self.task_thresholds: dict[str, float] = {}  # rl.judge_threshold_per_task's, not saved
         self.image_size = image_size  # side of the frames it was trained on (None: unknown, older folders)
         self.backbone = torchvision.models.resnet18(weights=None)
         self.backbone.fc = nn.Identity()
@@ -101,7 +102,8 @@ class SuccessClassifier(nn.Module):
         return scores
 
     def success(self, windows: torch.Tensor, instructions: Sequence[str]) -> torch.Tensor:
-        return self.probability(self.score(windows, instructions)) >= self.threshold
+        probability = self.probability(self.score(windows, instructions))
+        return probability >= success_thresholds(self, instructions, probability.device)
 
     # ---------------------------------------------------------------- folders
     def load_backbone(self, path: str | Path) -> None:

@@ -8,6 +8,7 @@ on the judge's device, without a Python loop over environments.
     judge = load_judge("topreward:/models/Qwen3-VL-8B-Instruct", device)
     scores = judge.score(windows, instructions)            # windows (B, judge.window, H, W, 3) uint8
     done = judge.success(windows, instructions)            # (B,) bool: probability(score) >= threshold
+    judge.task_thresholds = {"open the door": 0.9}       # optional: a threshold of its own for one instruction
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class Judge(Protocol):
     """Frames the judge reads per environment (1 for the classifier, 16 for TOPReward)."""
     threshold: float
     """Success when ``probability(score) >= threshold``."""
+    task_thresholds: dict[str, float]
+    """Per instruction, a threshold in place of ``threshold`` (rl.judge_threshold_per_task sets them; empty: one for all)."""
     device: torch.device
 
     def score(self, windows: torch.Tensor, instructions: Sequence[str]) -> torch.Tensor:
@@ -39,8 +42,16 @@ class Judge(Protocol):
         ...
 
     def success(self, windows: torch.Tensor, instructions: Sequence[str]) -> torch.Tensor:
-        """(B,) bool: ``probability(score(...)) >= threshold``."""
+        """(B,) bool: ``probability(score(...)) >=`` each instruction's threshold (``success_thresholds``)."""
         ...
+
+
+def success_thresholds(judge: Judge, instructions: Sequence[str], device: torch.device | str | None = None) -> torch.Tensor:
+    """(B,) the threshold each window is judged at: its instruction's in ``judge.task_thresholds``, else ``judge.threshold``."""
+    per_task = judge.task_thresholds
+    if not per_task:
+        return torch.full((len(instructions),), float(judge.threshold), device=device)
+    return torch.tensor([per_task.get(text, judge.threshold) for text in instructions], device=device)
 
 
 def check_windows(windows: torch.Tensor, instructions: Sequence[str], window: int, who: str) -> None:

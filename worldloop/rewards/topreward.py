@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import torch
 
 from worldloop.rewards.configuration import TOPRewardConfig
-from worldloop.rewards.protocol import check_windows
+from worldloop.rewards.protocol import check_windows, success_thresholds
 
 PROMPT = (
     "{video} The above video shows a robot manipulation trajectory that completes the following task: "
@@ -44,6 +44,7 @@ class TOPReward:
         self.config = config
         self.window = config.window
         self.threshold = config.threshold
+        self.task_thresholds: dict[str, float] = {}
         self.device = device
         self.true_id = answer_token_id(processor.tokenizer)
         self.processor.tokenizer.padding_side = "left"
@@ -111,7 +112,8 @@ class TOPReward:
         return scores.exp()
 
     def success(self, windows: torch.Tensor, instructions: Sequence[str]) -> torch.Tensor:
-        return self.probability(self.score(windows, instructions)) >= self.threshold
+        probability = self.probability(self.score(windows, instructions))
+        return probability >= success_thresholds(self, instructions, probability.device)
 
 
 def answer_token_id(tokenizer: Any, where: str = "the tokenizer") -> int:

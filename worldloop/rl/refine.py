@@ -41,7 +41,7 @@ import torch
 
 from worldloop.envs.protocol import EnvReset, VecEnv
 from worldloop.rl.configuration import RLConfig
-from worldloop.rl.rollout import Rollout, collect
+from worldloop.rl.rollout import Rollout, apply_calibration, collect
 from worldloop.utils.io import atomic_write_json, read_json
 from worldloop.worldmodel.configuration import WorldModelConfig
 
@@ -120,7 +120,7 @@ class WorldModelRefiner:
         self._publish()
         thresholds = self._saved("judge_*.json", iteration)
         if self.judge_check is not None and thresholds:
-            self.judge_check.imagined_env.judge.threshold = float(read_json(thresholds[-1])["threshold"])
+            apply_calibration(self.judge_check.imagined_env.judge, read_json(thresholds[-1]))
 
     def _saved(self, pattern: str, iteration: int) -> list[Path]:
         """This run's round files (NAME_<iteration>.EXT) up to ``iteration``, oldest first."""
@@ -174,7 +174,9 @@ class WorldModelRefiner:
     def _recalibrate(self, iteration: int) -> dict[str, float]:
         """The judge's threshold chosen again on the calibration's episodes replayed in the refined world model."""
         began = time.perf_counter()
-        result = self.judge_check.recalibrate_judge(self.rl.judge_threshold_tolerance_se, self.rl.judge_threshold_significance_se)
+        rl = self.rl
+        result = self.judge_check.recalibrate_judge(rl.judge_threshold_tolerance_se, rl.judge_threshold_significance_se,
+                                                    rl.judge_threshold_per_task)  # fmt: skip
         result["seconds"] = time.perf_counter() - began  # one replay of the calibration's episodes
         atomic_write_json(self.out / f"judge_{iteration:06d}.json", result)  # a resumed run takes the threshold back from here
         kappa = result["replayed_after"]["kappa"]  # None where the episodes all succeeded or all failed

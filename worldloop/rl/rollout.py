@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from worldloop.envs.judging import JudgedEnv, streak_score
@@ -248,7 +249,8 @@ class RealityCheck:
                 self._write_videos(real, replayed, imagined, tag)
         return result
 
-    def calibrate_judge(self, policy: Any, tolerance_se: float = 1.0, significance_se: float = 2.0) -> dict[str, Any]:
+    def calibrate_judge(self, policy: Any, tolerance_se: float = 1.0, significance_se: float = 2.0,
+                        per_task: bool = False) -> dict[str, Any]:  # fmt: skip
         """Set the imagined environment's judge threshold on ``policy``'s own real episodes (this
         check's initial states), replayed open loop in the world model with their own action chunks:
         per episode, the highest threshold at which the judge would have called it a success over the
@@ -258,15 +260,17 @@ class RealityCheck:
         ``significance_se`` standard errors above 0. These are the frames RL's judge reads, from the
         successes and failures of the policy RL starts from; the held-out episodes train-reward chose its
         threshold on are mostly the expert's. The threshold stays where the episodes all succeed or all
-        fail (no kappa) or no threshold agrees beyond chance (``kept_because``). The episodes stay in ``labelled``, for
+        fail (no kappa) or no threshold agrees beyond chance (``kept_because``). With ``per_task``, each
+        task's episodes also choose a threshold of their own the same way (``judge.task_thresholds``), the
+        one for all staying where a task's cannot choose. The episodes stay in ``labelled``, for
         :meth:`recalibrate_judge`.
         Returns the threshold, the one it replaced and the kappa of each."""
         first = self.real_env.reset(self.task_of_episode, self.seeds)
         real = collect(policy, self.real_env, first, self.temperature, self.greedy)
         self.labelled = LabelledEpisodes(first, real.actions, real.done, real.success_once)
-        return self.recalibrate_judge(tolerance_se, significance_se)
+        return self.recalibrate_judge(tolerance_se, significance_se, per_task)
 
-    def recalibrate_judge(self, tolerance_se: float = 1.0, significance_se: float = 2.0) -> dict[str, Any]:
+    def recalibrate_judge(self, tolerance_se: float = 1.0, significance_se: float = 2.0, per_task: bool = False) -> dict[str, Any]:
         """:meth:`calibrate_judge`'s choice again, on the same real episodes (``labelled``) replayed in the world model
         as it is now: after a refinement round has changed what it renders (worldloop.rl.refine)."""
         from worldloop.rewards.metrics import max_kappa_threshold
@@ -274,12 +278,12 @@ class RealityCheck:
         if self.labelled is None:
             raise ValueError("recalibrate_judge replays the episodes of an earlier calibrate_judge (or loaded into labelled): there are none")
         episodes, judge = self.labelled, self.imagined_env.judge
-        previous = judge.threshold
-        judge.threshold = math.inf  # no replayed episode ends on a verdict: every chunk it ran gets scored
+        previous, previous_per_task = judge.threshold, dict(judge.task_thresholds)
+        judge.threshold, judge.task_thresholds = math.inf, {}  # no replayed episode ends on a verdict: every chunk it ran gets scored
         try:
             probability = replay(self.imagined_env, episodes.first, episodes).probability
         finally:
-            judge.threshold = previous
+            judge.threshold, judge.task_thresholds = previous, previous_per_task
         best = streak_score(probability, getattr(self.imagined_env, "success_chunks", 1)).cpu().numpy()
         real = episodes.success_once.cpu().numpy()
         chosen = max_kappa_threshold(best, real, self.task_of_episode, tolerance_se, significance_se)
@@ -288,15 +292,27 @@ class RealityCheck:
         if chosen is None:
             kept_because = ("the episodes all succeeded or all failed" if real.all() or not real.any() else
                             f"no threshold's verdicts agree with the simulator's more than {significance_se:g} SE beyond chance")  # fmt: skip
+        own: dict[str, float | None] = {}  # per_task: each task's own choice, None where it falls back on the one for all
+        if per_task:
+            tasks = np.asarray(self.task_of_episode)
+            for task in dict.fromkeys(self.task_of_episode):
+                mine = tasks == task
+                own[task] = max_kappa_threshold(best[mine], real[mine], tasks[mine], tolerance_se, significance_se)
+        instruction = dict(zip(self.task_of_episode, episodes.first.instructions))
+        judge.task_thresholds = {instruction[task]: threshold for task, threshold in own.items() if threshold is not None}
 
-        def judged_at(threshold: float) -> dict[str, Any]:
-            verdicts = torch.as_tensor(best >= threshold)
+        def judged_at(threshold: float, by_instruction: dict[str, float]) -> dict[str, Any]:
+            thresholds = np.array([by_instruction.get(text, threshold) for text in episodes.first.instructions])
+            verdicts = torch.as_tensor(best >= thresholds)
             return summarize(verdicts, self.task_of_episode) | self._versus_real(episodes.success_once, verdicts) | {"threshold": threshold}
 
         return {"threshold": judge.threshold, "previous": previous, "calibrated": chosen is not None, "kept_because": kept_because,
                 "tolerance_se": tolerance_se, "significance_se": significance_se,
+                # per_task: each task's own threshold (None: the one for all), and what the judge holds (apply_calibration)
+                "task_thresholds": own, "instruction_thresholds": dict(judge.task_thresholds),
                 "real": summarize(episodes.success_once, self.task_of_episode),
-                "replayed_before": judged_at(previous), "replayed_after": judged_at(judge.threshold),
+                "replayed_before": judged_at(previous, previous_per_task),
+                "replayed_after": judged_at(judge.threshold, judge.task_thresholds),
                 # per episode, for any other threshold's verdicts later: its replay's score, the simulator's verdict, its task
                 "per_episode": {"score": best.tolist(), "real": "".join("1" if r else "0" for r in real.tolist()),
                                 "task": list(self.task_of_episode)}}  # fmt: skip
@@ -333,6 +349,12 @@ class RealityCheck:
                 caption(episode_frames(imagined, i), "imagined", bool(imagined.success_once[i])),
             )
             write_mp4(self.video_dir / f"{tag}_{task}_{number:02d}.mp4", video, fps=4)
+
+
+def apply_calibration(judge: Any, result: dict[str, Any]) -> None:
+    """The judge's thresholds as a saved calibration (:meth:`RealityCheck.recalibrate_judge`'s result) chose them."""
+    judge.threshold = float(result["threshold"])
+    judge.task_thresholds = {text: float(threshold) for text, threshold in result.get("instruction_thresholds", {}).items()}
 
 
 @dataclass
