@@ -17,7 +17,7 @@ from worldloop.worldmodel import vae as vae_lib
 from worldloop.worldmodel.configuration import VAEConfig, WorldModelConfig
 from worldloop.worldmodel.evaluate import evaluate_world_model
 from worldloop.worldmodel.rollout import sample_future
-from worldloop.worldmodel.train import train_vae, train_world_model
+from worldloop.worldmodel.train import steps_trained, train_vae, train_world_model
 
 CPU = torch.device("cpu")
 
@@ -437,9 +437,16 @@ def test_a_world_model_carried_in_parts_is_continued_by_init(vae, tmp_path):
     for (name, p), q in zip(trained.dit.state_dict().items(), carried.dit.state_dict().values()):
         assert torch.allclose(p, q, atol=1e-3, rtol=1e-3), name  # float16 in transit
 
-    continued = train_world_model(fast_config(steps=0), square_episodes(4, seed=2, length=16), vae, tmp_path / "c", CPU, init=carried)
+    continued = train_world_model(fast_config(steps=0), square_episodes(4, seed=2, length=16), vae, tmp_path / "c", CPU, init=carried,
+                                  steps_before=steps_trained(tmp_path / "b"))  # fmt: skip
     for (name, p), q in zip(carried.dit.state_dict().items(), continued.dit.state_dict().values()):
         assert torch.equal(p, q), name
+    # its results count the carried model's steps too ("steps" are the run's own), and so on over further runs
+    assert steps_trained(tmp_path / "b") == 4 and json.loads((tmp_path / "c" / "results.json").read_text())["steps_total"] == 4
+    grown = train_world_model(fast_config(steps=2), square_episodes(4, seed=2, length=16), vae, tmp_path / "e", CPU, init=continued,
+                              steps_before=steps_trained(tmp_path / "c"))  # fmt: skip
+    assert json.loads((tmp_path / "e" / "results.json").read_text())["steps"] == 2 and steps_trained(tmp_path / "e") == 6
+    assert steps_trained(tmp_path / "missing") is None
     assert continued.spec["action_mean"] == carried.spec["action_mean"]  # not this data's statistics
     with pytest.raises(ValueError, match="--init world model renders"):
         train_world_model(fast_config(steps=0), square_episodes(2, seed=3, length=16, action_dim=3), vae, tmp_path / "d", CPU, init=carried)

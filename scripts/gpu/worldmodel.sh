@@ -131,7 +131,8 @@ def vae():
     print(f"VAE held-out reconstruction (13-frame clips): PSNR {m['held_out']['psnr']:.2f} dB  SSIM {m['held_out']['ssim']:.4f}  ({m['steps']} steps)")
 def wm(folder="wm"):
     r = json.loads((out / folder / "results.json").read_text())
-    print(f"{folder}: {r['steps']} steps, final loss {r['final_loss']:.4f}, {r['parameters_millions']:.1f} M params, {r['clips']} clips")
+    total = f" ({r['steps_total']} in all)" if r.get("steps_total", r["steps"]) != r["steps"] else ""
+    print(f"{folder}: {r['steps']} steps{total}, final loss {r['final_loss']:.4f}, {r['parameters_millions']:.1f} M params, {r['clips']} clips")
 def ev(folder="eval"):
     m = json.loads((out / folder / "metrics.json").read_text())
     print(f"{folder} (memory_noise {m['sampling'].get('memory_noise', 0.0)}):")

@@ -25,7 +25,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from pathlib import Path
 
     from worldloop.utils.device import resolve_device
-    from worldloop.worldmodel.train import load_split, train_world_model
+    from worldloop.worldmodel.train import load_split, steps_trained, train_world_model
     from worldloop.worldmodel.rollout import WorldModel
     from worldloop.worldmodel.vae import load_vae
 
@@ -35,6 +35,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     key = {"dataset": [str(Path(folder).resolve()) for folder in args.dataset], "vae": str(Path(args.vae).resolve()), "init": args.init}
     device = resolve_device(config.device)
     init = WorldModel.from_pretrained(args.init, device) if args.init else None
-    train_world_model(config.world_model, train, vae, args.out, device, config.seed, cache_key=key, init=init)
+    steps_before = steps_trained(args.init) if args.init else 0
+    train_world_model(config.world_model, train, vae, args.out, device, config.seed, cache_key=key, init=init, steps_before=steps_before)
     print(json.dumps(json.loads((Path(args.out) / "results.json").read_text()), indent=2))
     return 0

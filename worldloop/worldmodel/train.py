@@ -307,12 +307,14 @@ def train_world_model(
     cache_key: dict[str, Any] | None = None,
     clips: dict[str, torch.Tensor] | None = None,
     init: WorldModel | None = None,
+    steps_before: int | None = 0,
 ) -> WorldModel:
     """Train the action-conditioned DiT on ``train_episodes``; the EMA model is saved to ``out``
     (config.json, model.safetensors, vae/) and returned. ``clips`` ({"latents" (M, C, 4, h, w),
     "actions" (M, 13, A) raw, optionally "previous" (M,) for self-forcing}) replaces the episodes with
     ready-made latent clips. ``init`` starts from a trained world model's weights and action
-    statistics (fine-tuning, e.g. PACE's WM Evo)."""
+    statistics (fine-tuning, e.g. PACE's WM Evo, or a DiT grown over several leases); ``steps_before``
+    (its :func:`steps_trained`, None: unknown) lets results.json's ``steps_total`` count its steps too."""
     from torch.utils.tensorboard import SummaryWriter
 
     out = Path(out)
@@ -419,10 +421,21 @@ def train_world_model(
     save_checkpoint(out, done, modules, stateful, extra={"shape": shape, "seconds": budget.seconds()})
     model.dit = ema
     model.save_pretrained(out, dit=ema)
-    atomic_write_json(out / "results.json", {"steps": done, "final_loss": loss_value, "clips": num_clips, "self_forced_clips_this_run": self_forced,
+    total = {} if steps_before is None else {"steps_total": steps_before + done}  # "steps" are this run's
+    atomic_write_json(out / "results.json", {"steps": done, **total, "final_loss": loss_value, "clips": num_clips, "self_forced_clips_this_run": self_forced,
                                              "train_seconds_this_run": time.time() - budget.started,
                                              "parameters_millions": sum(p.numel() for p in ema.parameters()) / 1e6})  # fmt: skip
     return model
+
+
+def steps_trained(folder: str | Path) -> int | None:
+    """Optimizer steps the world model in ``folder`` has taken in all its training runs (results.json's
+    ``steps_total``, or ``steps`` where it has no other); None where the folder has no results.json."""
+    path = Path(folder) / "results.json"
+    if not path.is_file():
+        return None
+    results = read_json(path)
+    return int(results.get("steps_total", results["steps"]))
 
 
 @torch.no_grad()
