@@ -430,12 +430,13 @@ def train_world_model(
 
 def steps_trained(folder: str | Path) -> int | None:
     """Optimizer steps the world model in ``folder`` has taken in all its training runs (results.json's
-    ``steps_total``, or ``steps`` where it has no other); None where the folder has no results.json."""
+    ``steps_total``, or ``steps`` where it has no other); None where its results.json is absent or says neither."""
     path = Path(folder) / "results.json"
     if not path.is_file():
         return None
-    results = read_json(path)
-    return int(results.get("steps_total", results["steps"]))
+    results = read_json(path)  # a corrupt file is named in its error
+    steps = results.get("steps_total", results.get("steps"))
+    return None if steps is None else int(steps)
 
 
 @torch.no_grad()
