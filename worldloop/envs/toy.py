@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from worldloop.envs.protocol import EnvReset, EnvStep, check_actions
-from worldloop.rewards.protocol import success_thresholds
+from worldloop.rewards.protocol import judged_success
 
 TARGETS = {
     "reach-top-right": (0.75, 0.25),
@@ -180,5 +180,4 @@ class ToyJudge:
         return scores
 
     def success(self, windows: torch.Tensor, instructions: list[str]) -> torch.Tensor:
-        probability = self.probability(self.score(windows, instructions))
-        return probability >= success_thresholds(self, instructions, probability.device)
+        return judged_success(self, windows, instructions)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worldloop.rewards.protocol import check_windows, success_thresholds
+from worldloop.rewards.protocol import check_windows, judged_success
 from worldloop.utils.pretrained import load_weights, read_model_config, save_model_folder
 
 KIND = "success_classifier"
@@ -102,8 +102,7 @@ class SuccessClassifier(nn.Module):
         return scores
 
     def success(self, windows: torch.Tensor, instructions: Sequence[str]) -> torch.Tensor:
-        probability = self.probability(self.score(windows, instructions))
-        return probability >= success_thresholds(self, instructions, probability.device)
+        return judged_success(self, windows, instructions)
 
     # ---------------------------------------------------------------- folders
     def load_backbone(self, path: str | Path) -> None:

@@ -46,6 +46,12 @@ class Judge(Protocol):
         ...
 
 
+def judged_success(judge: Judge, windows: torch.Tensor, instructions: Sequence[str]) -> torch.Tensor:
+    """(B,) bool: the judge's P(success) of each window at or above its instruction's threshold; every judge's ``success``."""
+    probability = judge.probability(judge.score(windows, instructions))
+    return probability >= success_thresholds(judge, instructions, probability.device)
+
+
 def success_thresholds(judge: Judge, instructions: Sequence[str], device: torch.device | str | None = None) -> torch.Tensor:
     """(B,) the threshold each window is judged at: its instruction's in ``judge.task_thresholds``, else ``judge.threshold``."""
     per_task = judge.task_thresholds

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import torch
 
 from worldloop.rewards.configuration import TOPRewardConfig
-from worldloop.rewards.protocol import check_windows, success_thresholds
+from worldloop.rewards.protocol import check_windows, judged_success
 
 PROMPT = (
     "{video} The above video shows a robot manipulation trajectory that completes the following task: "
@@ -112,8 +112,7 @@ class TOPReward:
         return scores.exp()
 
     def success(self, windows: torch.Tensor, instructions: Sequence[str]) -> torch.Tensor:
-        probability = self.probability(self.score(windows, instructions))
-        return probability >= success_thresholds(self, instructions, probability.device)
+        return judged_success(self, windows, instructions)
 
 
 def answer_token_id(tokenizer: Any, where: str = "the tokenizer") -> int:
