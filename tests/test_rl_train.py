@@ -366,6 +366,27 @@ def test_a_fall_in_real_success_stops_rl_with_the_last_weights_that_held(tmp_pat
         RLConfig(stop_when_real_falls_se=-1).validate()
 
 
+def test_the_time_limit_leaves_room_for_the_final_evaluation(tmp_path):
+    """rl.time_limit_min ends a run while its final evaluation still fits: the twentieth H200 session's second
+    arm, stopped from outside during its last evaluation, wrote no results at all."""
+    from worldloop.rl.trainer import time_is_up
+
+    # 10 minutes: 8 min in, a 60 s iteration and a 50 s evaluation fit (590 s), one more due evaluation does not (640 s).
+    assert not time_is_up(480, 60, 50, False, 10) and time_is_up(480, 60, 50, True, 10)
+    assert time_is_up(500, 60, 50, False, 10)  # 610 s
+    assert not time_is_up(10**6, 60, 50, True, 0)  # no limit
+    assert not time_is_up(540, 60, 0, False, 10)  # no evaluations: the iteration alone, ending at the limit
+
+    torch.manual_seed(0)
+    rl = config(iterations=3, num_groups=4, eval_every=0, time_limit_min=1e-6)
+    results = train(ToyPolicy(), imagined(32, 8), rl, tmp_path / "run", reality_check=ScriptedCheck([0.5, 0.5]), console=False)
+    assert results["iterations"] == 1 and [e["iteration"] for e in results["evaluations"]] == [0, 1]
+    assert (tmp_path / "run" / "results.json").is_file()
+    rl = config(iterations=3, num_groups=4, eval_every=0, time_limit_min=60)
+    results = train(ToyPolicy(), imagined(32, 8), rl, tmp_path / "long", reality_check=ScriptedCheck([0.5, 0.5]), console=False)
+    assert results["iterations"] == 3 and [e["iteration"] for e in results["evaluations"]] == [0, 3]
+
+
 def test_an_optimistic_imagined_environment_is_diagnosed_once(tmp_path):
     """Imagined success far above the real one from the same initial states (the fourth H200 session:
     0.985 vs 0.370): the first evaluation that shows it warns, later ones do not repeat it."""

@@ -148,8 +148,9 @@ class RLConfig:
     H200 sessions (0.46 -> 0.13, 0.49 -> 0.07). Each evaluation and task is one more look: with several of
     each, a fall of 2 standard errors by chance alone gets likely, so 3 suits long runs."""
     time_limit_min: float = 0.0
-    """Wall-clock budget of the training loop in minutes: past it, the current iteration is the last
-    (final evaluation, checkpoint and policy as usual); 0: no limit."""
+    """Wall-clock budget of a run in minutes, its first and final evaluations included: the current iteration is
+    the last (final evaluation, checkpoint and policy as usual) once another one, as slow as the slowest so far, and
+    the evaluations after it, each as long as the latest, would end past it; 0: no limit."""
     checkpoint_every: int = 10
     """Save an atomic checkpoint every this many iterations (and at the end)."""
     keep_checkpoints: int = 2

@@ -108,7 +108,10 @@ def train(
         if console:
             tqdm.write(f"rl: WARNING {message}")
 
+    eval_seconds = 0.0  # the latest evaluation's duration: what the final one is expected to take
+
     def evaluate(iteration: int) -> None:
+        nonlocal eval_seconds
         began = time.perf_counter()
         policy.eval()
         result = reality_check(policy, f"iteration_{iteration:04d}") | {"iteration": iteration}
@@ -154,7 +157,8 @@ def train(
                             world_model_exploited_diagnosis(evaluations[0], result)):  # fmt: skip
                 if warning:
                     warn(iteration, warning)
-        writer.add_scalar("time/eval", time.perf_counter() - began, iteration)
+        eval_seconds = time.perf_counter() - began
+        writer.add_scalar("time/eval", eval_seconds, iteration)
         if console:
             tqdm.write(line)
 
@@ -174,11 +178,12 @@ def train(
              once=False)  # fmt: skip
         return {"iteration": iteration, "fallen": fallen, "policy_from": held}
 
+    run_began = time.perf_counter()  # rl.time_limit_min counts from here, the first evaluation included
+    slowest_iteration = 0.0
     if reality_check is not None and start == 0:
         evaluate(0)
         held_or_fallen(0)
 
-    loop_began = time.perf_counter()
     end = start if fell else rl.iterations  # a run that stopped stays stopped when rerun
     progress = tqdm(range(start, end), initial=start, total=rl.iterations, desc="rl", disable=not (console and progress_bar))
     for iteration in progress:
@@ -326,9 +331,12 @@ def train(
 
         # 7. The reality check and atomic checkpoints.
         done_iterations = iteration + 1
-        out_of_time = rl.time_limit_min > 0 and time.perf_counter() - loop_began > 60 * rl.time_limit_min
+        slowest_iteration = max(slowest_iteration, metrics["time/iteration"])
+        evaluating = reality_check is not None and bool(rl.eval_every) and done_iterations % rl.eval_every == 0
+        out_of_time = time_is_up(time.perf_counter() - run_began, slowest_iteration, eval_seconds if reality_check is not None else 0.0,
+                                 evaluating, rl.time_limit_min)  # fmt: skip
         last = done_iterations == rl.iterations or out_of_time
-        if reality_check is not None and (last or (rl.eval_every and done_iterations % rl.eval_every == 0)):
+        if reality_check is not None and (last or evaluating):
             evaluate(done_iterations)
             fell = held_or_fallen(done_iterations)
         if last or fell or done_iterations % rl.checkpoint_every == 0:
@@ -365,6 +373,15 @@ EXPLOITED = "the policy exploits the world model"
 REAL_FELL = "real success fell"
 LARGE_UPDATE = "an update moved the policy far"
 LARGE_UPDATE_KL = 0.3  # healthy iterations of the H200 runs: approx_kl 0.01-0.07; the jumps: 0.54 and 1.43
+
+
+def time_is_up(elapsed_s: float, iteration_s: float, eval_s: float, evaluating: bool, limit_min: float) -> bool:
+    """rl.time_limit_min: whether one more iteration (``iteration_s``), the evaluation now due (where ``evaluating``)
+    and the final one (each ``eval_s``) would end past the limit, ``elapsed_s`` into the run; never with no limit (0).
+    The final evaluation counts because a run stopped from outside before it writes no results at all."""
+    if limit_min <= 0:
+        return False
+    return elapsed_s + iteration_s + eval_s * (1 + evaluating) > 60 * limit_min
 
 
 def minibatches_per_epoch(num_minibatches: int, kept_fraction: float) -> int:
