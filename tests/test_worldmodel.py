@@ -1,5 +1,8 @@
 """World model pieces at tiny size: VAE, DiT, clips, rollout, save/load, metrics, bad input."""
 
+import json
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -9,7 +12,7 @@ from worldloop.worldmodel import vae as vae_lib
 from worldloop.worldmodel.clips import clip_spec, episode_clips, predecessors
 from worldloop.worldmodel.configuration import VAEConfig, WorldModelConfig
 from worldloop.worldmodel.metrics import psnr, ssim
-from worldloop.worldmodel.rollout import WorldModel
+from worldloop.worldmodel.rollout import WorldModel, sample_future
 
 SIZE = 32
 
@@ -21,6 +24,17 @@ def model() -> WorldModel:
     wm = WorldModel.build(WorldModelConfig(sampling_steps=2), vae, SIZE, 3, device="cpu")
     # make the action MLP non-trivial (it starts at zero, AdaLN-Zero style)
     torch.nn.init.normal_(wm.dit.frame_action_mlp[-1].weight, std=0.5)
+    return wm
+
+
+@pytest.fixture(scope="module")
+def guided(model) -> WorldModel:
+    """A world model with the learned "no action" condition (built for action_dropout), both action
+    channels and the null tokens made non-trivial."""
+    torch.manual_seed(1)
+    wm = WorldModel.build(WorldModelConfig(sampling_steps=2, action_dropout=0.2), model.vae, SIZE, 3, device="cpu")
+    torch.nn.init.normal_(wm.dit.frame_action_mlp[-1].weight, std=0.5)
+    torch.nn.init.normal_(wm.dit.null_action_tokens, std=1.0)
     return wm
 
 
@@ -246,6 +260,12 @@ def test_config_validation():
     for config in (VAEConfig(time_limit_s=-1), WorldModelConfig(time_limit_s=-1)):
         with pytest.raises(ValueError, match="time_limit_s"):
             config.validate()
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="action_dropout"):
+            WorldModelConfig(action_dropout=bad).validate()
+    with pytest.raises(ValueError, match="action_guidance"):
+        WorldModelConfig(action_guidance=0.5).validate()
+    WorldModelConfig(action_dropout=0.1, action_guidance=3.0).validate()  # guidance of a model trained with dropout
 
 
 def _static_scene_error(context_channels: bool, steps: int = 100, seed: int = 0) -> float:
@@ -303,3 +323,121 @@ def test_context_channels_are_saved_with_the_model_and_an_init_must_match(tmp_pa
     clips = {"latents": torch.randn(4, 8, 4, SIZE // 8, SIZE // 8), "actions": torch.randn(4, 13, 2)}
     with pytest.raises(ValueError, match="context_channels=True"):
         train_world_model(WorldModelConfig(steps=1), [], vae, tmp_path / "plain", torch.device("cpu"), clips=clips, init=loaded)
+
+
+# ------------------------------------------------------------------------------------ action guidance
+
+
+def test_a_dropped_row_ignores_its_actions_in_a_batch_whose_kept_row_does_not(model, guided):
+    """drop=True rows get the "no action" condition (null tokens, no AdaLN offset): their velocity is the
+    same whatever their actions; a kept row in the same batch still follows its actions, exactly as without drop."""
+    latents = torch.randn(1, 8, 4, 4, 4).expand(2, -1, -1, -1, -1)
+    sigmas = torch.tensor([[0.0, 0.0, 0.7, 0.7]] * 2)
+    actions, other = torch.randn(2, 13, 3), torch.randn(2, 13, 3)
+    drop = torch.tensor([False, True])
+    with torch.no_grad():
+        out, out_other = (guided.dit(latents, sigmas, a, drop=drop) for a in (actions, other))
+        undropped = guided.dit(latents, sigmas, actions)
+    assert torch.equal(out[1], out_other[1])
+    assert (out[0] - out_other[0]).abs().max() > 1e-4
+    assert torch.allclose(out[0], undropped[0], atol=1e-6)
+    assert (out[1] - undropped[1]).abs().max() > 1e-4  # the null is a condition of its own
+    with pytest.raises(ValueError, match="no 'no action' condition"):
+        model.dit(latents, sigmas, actions, drop=drop)
+
+
+def plain_euler(dit, context: torch.Tensor, actions: torch.Tensor, noise: torch.Tensor, sigmas: torch.Tensor) -> torch.Tensor:
+    """The sampler as it was before action guidance: one conditional DiT call per Euler step."""
+    latents = noise
+    for sigma, sigma_next in zip(sigmas[:-1].tolist(), sigmas[1:].tolist()):
+        per_frame = torch.tensor([0.0, 0.0, sigma, sigma]).expand(len(noise), -1)
+        with torch.no_grad():
+            velocity = dit(torch.cat([context, latents], dim=2), per_frame, actions)
+        latents = latents + (sigma_next - sigma) * velocity[:, :, 2:]
+    return latents
+
+
+def test_action_guidance_one_is_plain_sampling_and_two_extrapolates_in_one_batched_call(guided):
+    dit, g = guided.dit, torch.Generator().manual_seed(0)
+    context, noise = torch.randn(3, 8, 2, 4, 4, generator=g), torch.randn(3, 8, 2, 4, 4, generator=g)
+    actions = torch.randn(3, 13, 3, generator=g)
+    calls = []  # (rows, drop) of every DiT call
+
+    def record(module, args, kwargs) -> None:
+        calls.append((args[0].shape[0], kwargs.get("drop")))
+
+    hook = dit.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        plain = sample_future(dit, context, actions, noise, guided.sigmas, guidance=1.0)
+        plain_calls, calls[:] = list(calls), []
+        step = sample_future(dit, context, actions, noise, torch.tensor([0.8, 0.3]), guidance=2.0)
+    finally:
+        hook.remove()
+    assert torch.equal(plain, plain_euler(dit, context, actions, noise, guided.sigmas))
+    assert plain_calls == [(3, None)] * guided.sampling_steps
+    assert len(calls) == 1 and calls[0][0] == 6 and calls[0][1].tolist() == [False] * 3 + [True] * 3
+    # by hand, from two separate calls: v = v_none + 2 (v_actions - v_none)
+    latents, per_frame = torch.cat([context, noise], dim=2), torch.tensor([[0.0, 0.0, 0.8, 0.8]] * 3)
+    with torch.no_grad():
+        v_actions = dit(latents, per_frame, actions)[:, :, 2:]
+        v_none = dit(latents, per_frame, actions, drop=torch.ones(3, dtype=torch.bool))[:, :, 2:]
+    expected = noise + (0.3 - 0.8) * (v_none + 2.0 * (v_actions - v_none))
+    assert torch.allclose(step, expected, atol=1e-5)
+    assert (step - (noise + (0.3 - 0.8) * v_actions)).abs().max() > 1e-3  # guidance changed the step
+
+
+def test_action_guidance_needs_a_model_trained_with_action_dropout(model, guided, tmp_path):
+    with pytest.raises(ValueError, match="action_guidance=2.0 needs a world model trained with world_model.action_dropout"):
+        model.set_sampling(model.sampling_steps, model.shift, model.decode_mode, action_guidance=2.0)
+    assert model.action_guidance == 1.0
+    folder = model.save_pretrained(tmp_path / "plain")
+    with pytest.raises(ValueError, match=re.escape(f"world model {folder}: world_model.action_guidance=2.0")):
+        WorldModel.from_pretrained(folder, "cpu", action_guidance=2.0)
+    with pytest.raises(ValueError, match="action_guidance must be >= 1"):
+        guided.set_sampling(guided.sampling_steps, guided.shift, guided.decode_mode, action_guidance=0.5)
+
+
+def test_the_no_action_condition_and_the_guidance_are_saved_with_the_model(guided, tmp_path, capsys):
+    from worldloop.commands.shared import load_world_model
+    from worldloop.config import load_config
+
+    first, chunk = frames(2, seed=8), torch.randn(2, 8, 3)
+    steps, shift, decode = guided.sampling_steps, guided.shift, guided.decode_mode
+    guided.set_sampling(steps, shift, decode, action_guidance=3.0)
+    try:
+        folder = guided.save_pretrained(tmp_path / "wm")
+        guided.reset(first, seeds=[1, 2])
+        expected = guided.step(chunk)
+    finally:
+        guided.set_sampling(steps, shift, decode)
+    saved = json.loads((folder / "config.json").read_text())
+    assert saved["null_actions"] is True and saved["action_guidance"] == 3.0
+    loaded = WorldModel.from_pretrained(folder, "cpu")
+    assert loaded.dit.null_actions and loaded.action_guidance == 3.0
+    assert torch.equal(loaded.dit.null_action_tokens, guided.dit.null_action_tokens)
+    loaded.reset(first, seeds=[1, 2])
+    assert torch.equal(loaded.step(chunk), expected)
+    overrides = ["world_model.action_guidance=1.5"]
+    overridden = load_world_model(folder, load_config("tiny-cpu", overrides), overrides, torch.device("cpu"))
+    assert overridden.action_guidance == 1.5 and "action_guidance 1.5 (command line)" in capsys.readouterr().out
+
+
+def test_a_model_saved_before_action_guidance_loads_strictly_as_before(model, tmp_path):
+    """A folder without null_actions / action_guidance in its config.json is a DiT without the null, loaded
+    strictly: its weights hold no new tensor, and a config that claims the null is refused by name."""
+    from safetensors.torch import load_file
+
+    folder = model.save_pretrained(tmp_path / "old")
+    assert not [name for name in load_file(folder / "model.safetensors") if "null" in name]
+    config = json.loads((folder / "config.json").read_text())
+    del config["null_actions"], config["action_guidance"]
+    (folder / "config.json").write_text(json.dumps(config))
+    old = WorldModel.from_pretrained(folder, "cpu")
+    assert not old.dit.null_actions and old.action_guidance == 1.0
+    first, chunk = frames(2, seed=9), torch.randn(2, 8, 3)
+    model.reset(first, seeds=[6, 7])
+    old.reset(first, seeds=[6, 7])
+    assert torch.equal(old.step(chunk), model.step(chunk))
+    (folder / "config.json").write_text(json.dumps({**config, "null_actions": True}))
+    with pytest.raises(ValueError, match=re.escape("missing ['null_action_tokens']")):
+        WorldModel.from_pretrained(folder, "cpu")

@@ -6,6 +6,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import json
 import math
+import re
 import shutil
 
 import pytest
@@ -450,3 +451,49 @@ def test_a_world_model_carried_in_parts_is_continued_by_init(vae, tmp_path):
     assert continued.spec["action_mean"] == carried.spec["action_mean"]  # not this data's statistics
     with pytest.raises(ValueError, match="--init world model renders"):
         train_world_model(fast_config(steps=0), square_episodes(2, seed=3, length=16, action_dim=3), vae, tmp_path / "d", CPU, init=carried)
+
+
+def test_action_dropout_trains_the_no_action_condition_and_resumes_exactly(vae, tmp_path):
+    """A fraction of the clips learn the null tokens (only dropped clips reach them); the drops come from the
+    training's seeded generator, so a resumed run ends on the same weights; a run without the null does not
+    resume from its checkpoint."""
+    from worldloop.worldmodel.rollout import WorldModel
+
+    clips, _ = bump_clips(16, torch.Generator().manual_seed(0))
+    config = fast_config(steps=4, checkpoint_every=2, action_dropout=0.5)
+    straight = train_world_model(config, [], vae, tmp_path / "a", CPU, clips=clips)
+    torch.manual_seed(0)  # the training's seed: the same initial DiT
+    initial = WorldModel.build(config, vae, 32, 2, device="cpu").dit.null_action_tokens.detach()
+    assert straight.dit.null_actions and json.loads((tmp_path / "a" / "config.json").read_text())["null_actions"] is True
+    assert (straight.dit.null_action_tokens - initial).abs().max() > 5e-4
+    shutil.rmtree(tmp_path / "a" / "checkpoints" / "step_000000004")
+    (tmp_path / "a" / "checkpoints" / "latest").unlink()
+    resumed = train_world_model(config, [], vae, tmp_path / "a", CPU, clips=clips)
+    for (name, p), q in zip(straight.dit.state_dict().items(), resumed.dit.state_dict().values()):
+        assert torch.equal(p, q), name
+    with pytest.raises(ValueError, match="was trained for"):
+        train_world_model(fast_config(steps=6), [], vae, tmp_path / "a", CPU, clips=clips)
+
+
+def test_init_from_a_model_without_the_null_adds_it_and_keeps_every_other_weight(vae, tmp_path, capsys):
+    """train-wm --init FOLDER with action_dropout > 0, FOLDER saved without the null: its weights load and only
+    the null tokens are new (from its zero-action tokens); the reverse, and any other mismatch, is an error."""
+    from worldloop.worldmodel.rollout import WorldModel
+    from worldloop.worldmodel.train import load_init_weights
+
+    clips, _ = bump_clips(8, torch.Generator().manual_seed(1))
+    torch.manual_seed(3)
+    WorldModel.build(fast_config(), vae, 32, 2, device="cpu").save_pretrained(tmp_path / "plain")
+    plain = WorldModel.from_pretrained(tmp_path / "plain", CPU)  # as train-wm --init loads it
+    continued = train_world_model(fast_config(steps=0, action_dropout=0.3), [], vae, tmp_path / "b", CPU, clips=clips, init=plain)
+    weights, old = continued.dit.state_dict(), plain.dit.state_dict()
+    assert set(weights) - set(old) == {"null_action_tokens"}
+    for name, value in old.items():
+        assert torch.equal(weights[name], value), name
+    assert torch.equal(weights["null_action_tokens"], old["action_tokens.bias"] + old["slot_embedding"])
+    assert "new null action tokens" in capsys.readouterr().out
+    assert WorldModel.from_pretrained(tmp_path / "b", CPU).dit.null_actions
+    with pytest.raises(ValueError, match="--init world model has a learned 'no action' condition"):
+        train_world_model(fast_config(steps=0), [], vae, tmp_path / "c", CPU, clips=clips, init=continued)
+    with pytest.raises(ValueError, match=re.escape("unexpected ['null_action_tokens']")):
+        load_init_weights(plain.dit, continued.dit)

@@ -14,6 +14,8 @@
 # next lease; see worldloop/utils/parts.py), VAE_CHANNELS_LAST (1: vae.channels_last, session.sh sets it when
 # `bench vae-train` found that layout faster), SKIP_BENCH=1, PRESET (metaworld-gpu), EXTRA (overrides),
 # EVAL_MEMORY_NOISE ("": extra eval-wm runs, one per world_model.memory_noise level, e.g. "0.1 0.2"),
+# EVAL_ACTION_GUIDANCE ("": extra eval-wm runs, one per world_model.action_guidance scale, e.g. "1.5 2 3"; the
+# model must have trained with world_model.action_dropout > 0, e.g. EXTRA="... world_model.action_dropout=0.1"),
 # MORE_DATA (more dataset folders, e.g. a policy's rollouts: the world model trains on them too and
 # eval-wm replays their held-out episodes as well; each is waited for, MORE_DATA_WAIT_S = 300 s at most,
 # until its collection wrote summary.json), WM_ALSO ("": key=value overrides of a second DiT that trains
@@ -110,6 +112,12 @@ for LEVEL in ${EVAL_MEMORY_NOISE:-}; do
     world_model.memory_noise=$LEVEL 2>&1 | tail -3 | tee -a "$OUT/log.txt" || echo "eval-wm memory_noise=$LEVEL failed" | tee -a "$OUT/log.txt"
 done
 
+# 3c. the same sampled with action guidance, per scale (does the model follow its actions more: action dPSNR)
+for SCALE in ${EVAL_ACTION_GUIDANCE:-}; do
+  timeout 300 $PY -m worldloop eval-wm --world-model "$OUT/wm" --dataset "$DATA" --out "$OUT/eval-action-guidance-$SCALE" "${COMMON[@]}" \
+    world_model.action_guidance=$SCALE 2>&1 | tail -3 | tee -a "$OUT/log.txt" || echo "eval-wm action_guidance=$SCALE failed" | tee -a "$OUT/log.txt"
+done
+
 # 4. throughput (random weights)
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   timeout 420 $PY -m worldloop bench wm --out "$OUT/bench_wm.txt" "${COMMON[@]}" 2>&1 | tail -12 | tee -a "$OUT/log.txt" \
@@ -135,7 +143,7 @@ def wm(folder="wm"):
     print(f"{folder}: {r['steps']} steps{total}, final loss {r['final_loss']:.4f}, {r['parameters_millions']:.1f} M params, {r['clips']} clips")
 def ev(folder="eval"):
     m = json.loads((out / folder / "metrics.json").read_text())
-    print(f"{folder} (memory_noise {m['sampling'].get('memory_noise', 0.0)}):")
+    print(f"{folder} (memory_noise {m['sampling'].get('memory_noise', 0.0)}, action_guidance {m['sampling'].get('action_guidance', 1.0)}):")
     print(f"{'horizon':>7} {'eps':>4} {'PSNR':>7} {'copy':>7} {'margin SE':>9} {'SSIM':>7} {'copy':>7} {'margin SE':>9} "
           f"{'action dPSNR':>12} {'SE':>5} {'still PSNR':>10}  beats copy-last-frame?")
     for h, r in m["horizons"].items():

@@ -100,8 +100,10 @@ class WorldModelRefiner:
         self.out, self.seed, self.seed_offset = Path(out) / REFINE, seed, seed_offset
         # the clips as the world model was trained on them (its chunk, memory and anchoring travel with it)
         spec = world_model.spec
+        # and its action dropout, so that the "no action" condition that action guidance samples against keeps up
         self.clip_config = dataclasses.replace(world_model_config, chunk_size=int(spec["chunk_size"]), memory_frames=int(spec["memory_frames"]),
-                                               reference_frame=bool(spec["reference_frame"]))  # fmt: skip
+                                               reference_frame=bool(spec["reference_frame"]),
+                                               action_dropout=float(spec.get("action_dropout", 0.0)))  # fmt: skip
         self.device = world_model.device
         self.master = copy.deepcopy(world_model.dit).float().eval()
         self.ema = copy.deepcopy(self.master).requires_grad_(False)  # what the imagined environment samples from
@@ -205,7 +207,9 @@ class WorldModelRefiner:
             picks = [torch.randint(len(latents), (size,), generator=generator, device=self.device) for (latents, _), size in zip(pools, sizes)]
             latents = torch.cat([pool[0][index] for pool, index in zip(pools, picks)])
             actions = torch.cat([pool[1][index] for pool, index in zip(pools, picks)])
-            loss = flow_matching_loss(self.master, latents, actions, self.clip_config, generator)
+            rate = self.clip_config.action_dropout
+            drop = torch.rand(len(latents), device=self.device, generator=generator) < rate if rate else None
+            loss = flow_matching_loss(self.master, latents, actions, self.clip_config, generator, drop)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.master.parameters(), self.clip_config.grad_clip)

@@ -84,7 +84,7 @@ class VAEConfig:
 class WorldModelConfig:
     """The action-conditioned DiT (diffusers ``WanTransformer3DModel``), its training, sampling and evaluation.
 
-    The sampling options (sampling_steps, shift, decode, memory_noise) are saved with a trained model. The
+    The sampling options (sampling_steps, shift, decode, memory_noise, action_guidance) are saved with a trained model. The
     verbs that load one (eval-wm, train-reward, calibrate-reward, rl) sample as saved, except for the options
     named on their command line."""
 
@@ -122,6 +122,14 @@ class WorldModelConfig:
     per-token timestep (trained for by context_noise): it then trusts its own last frames less. 0 = clean."""
     static_fraction: float = 0.05
     """Fraction of training clips that are static (one frame repeated) with zero actions."""
+    action_dropout: float = 0.0
+    """Fraction of training clips whose actions are replaced by a learned "no action" condition (null
+    cross-attention tokens, no AdaLN action offset), so that the model can be sampled with action_guidance.
+    Saved with the model as its `null_actions`; 0 = off (a DiT without the null, as before)."""
+    action_guidance: float = 1.0
+    """Sampling: action guidance scale w (classifier-free guidance on the actions, Vid2World): every Euler step
+    uses v_none + w (v_actions - v_none), amplifying what the actions change, at twice the DiT batch. 1 = plain
+    conditional sampling; w != 1 needs a model trained with action_dropout > 0."""
     clip_stride: int = 2
     """Frames between the start of consecutive training clips cut from one episode."""
     steps: int = 400
@@ -190,6 +198,10 @@ class WorldModelConfig:
             raise ValueError(f"memory_noise must be in [0, 1), got {self.memory_noise}")
         if not 0.0 <= self.static_fraction < 1.0:
             raise ValueError(f"static_fraction must be in [0, 1), got {self.static_fraction}")
+        if not 0.0 <= self.action_dropout < 1.0:
+            raise ValueError(f"action_dropout must be in [0, 1), got {self.action_dropout}")
+        if self.action_guidance < 1.0:
+            raise ValueError(f"action_guidance must be >= 1 (1: plain conditional sampling), got {self.action_guidance}")
         for name in ("clip_stride", "steps", "batch_size", "sampling_steps", "log_every", "sample_every", "checkpoint_every", "eval_episodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

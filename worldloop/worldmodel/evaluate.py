@@ -206,8 +206,10 @@ def evaluate_world_model(model: WorldModel, episodes: Sequence[Any], horizons: S
         "rollout_frames_per_second": rollout_fps,
         "num_envs": len(episodes),
         "device": str(model.device),
-        "sampling": {"steps": model.sampling_steps, "shift": model.shift, "decode": model.decode_mode, "memory_noise": model.memory_noise},
-        "model": {k: model.spec[k] for k in ("size", "image_size", "memory_frames", "reference_frame", "context_channels")},
+        "sampling": {"steps": model.sampling_steps, "shift": model.shift, "decode": model.decode_mode, "memory_noise": model.memory_noise,
+                     "action_guidance": model.action_guidance},
+        "model": {**{k: model.spec[k] for k in ("size", "image_size", "memory_frames", "reference_frame", "context_channels")},
+                  "null_actions": model.dit.null_actions},
     }
     for i in range(min(videos, len(episodes))):
         n = int(valid[i].sum())

@@ -3,8 +3,9 @@
 State per environment lives on the device, in latent space: the context ``[reference, memory]``
 (2 latent frames), the 4 actions that produced the memory frames, one noise generator, and the
 causal decoder cache. One ``step`` runs the 5-step flow-matching Euler sampler for every
-environment in one batched DiT forward per step, decodes only the 8 new frames, and makes the
-last generated latent the next memory (no decode / re-encode of the context).
+environment in one batched DiT forward per step (of twice the rows under action guidance: with
+and without the actions), decodes only the 8 new frames, and makes the last generated latent the
+next memory (no decode / re-encode of the context).
 
 A model folder holds ``config.json`` (kind ``world_model``: sizes, image size, action
 normalisation), ``model.safetensors`` (the DiT's EMA weights) and ``vae/`` (diffusers format).
@@ -49,13 +50,29 @@ def autocast(device: torch.device):
     return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
+def guided_velocity(
+    dit: ActionConditionedDiT, latents: torch.Tensor, sigmas: torch.Tensor, actions: torch.Tensor, guidance: float
+) -> torch.Tensor:
+    """Action guidance: v_none + guidance (v_actions - v_none), both velocities from one DiT call over the
+    batch twice (the second half under the "no action" condition). Returns fp32 (B, C, T, h, w)."""
+    batch = latents.shape[0]
+    drop = torch.arange(2 * batch, device=latents.device) >= batch
+    both = dit(torch.cat([latents, latents]), torch.cat([sigmas, sigmas]), torch.cat([actions, actions]), drop=drop).float()
+    conditional, unconditional = both[:batch], both[batch:]
+    return unconditional + guidance * (conditional - unconditional)
+
+
 @torch.no_grad()
-def sample_future(dit: ActionConditionedDiT, context: torch.Tensor, actions: torch.Tensor, noise: torch.Tensor, sigmas: torch.Tensor, memory_sigma: float = 0.0) -> torch.Tensor:
+def sample_future(
+    dit: ActionConditionedDiT, context: torch.Tensor, actions: torch.Tensor, noise: torch.Tensor, sigmas: torch.Tensor,
+    memory_sigma: float = 0.0, guidance: float = 1.0,
+) -> torch.Tensor:  # fmt: skip
     """Euler integration of the velocity field from ``noise`` (sigma 1) to clean future latents.
 
     context (N, C, 2, h, w) is re-imposed at every step at sigma 0, its memory slot at ``memory_sigma``
     when the caller has noised it; actions (N, 13, A) normalised; noise (N, C, k, h, w); sigmas
-    (steps + 1,) decreasing to 0."""
+    (steps + 1,) decreasing to 0; guidance: the action guidance scale (1: the plain conditional velocity,
+    one DiT call of N rows per step; otherwise :func:`guided_velocity`, one call of 2N rows)."""
     latents = noise
     batch, frames = noise.shape[0], context.shape[2] + noise.shape[2]
     for sigma, sigma_next in zip(sigmas[:-1].tolist(), sigmas[1:].tolist()):
@@ -63,7 +80,10 @@ def sample_future(dit: ActionConditionedDiT, context: torch.Tensor, actions: tor
         per_frame[:, 1 : context.shape[2]] = memory_sigma
         per_frame[:, context.shape[2] :] = sigma
         with autocast(noise.device):
-            velocity = dit(torch.cat([context, latents], dim=2), per_frame, actions)
+            if guidance == 1.0:
+                velocity = dit(torch.cat([context, latents], dim=2), per_frame, actions)
+            else:
+                velocity = guided_velocity(dit, torch.cat([context, latents], dim=2), per_frame, actions, guidance)
         latents = latents + (sigma_next - sigma) * velocity[:, :, context.shape[2] :].float()
     return latents
 
@@ -83,7 +103,8 @@ class WorldModel:
         self.reference_frame = bool(spec["reference_frame"])
         self.action_mean = torch.tensor(spec["action_mean"], dtype=torch.float32, device=self.device)
         self.action_std = torch.tensor(spec["action_std"], dtype=torch.float32, device=self.device)
-        self.set_sampling(spec.get("sampling_steps", 5), spec.get("shift", 5.0), spec.get("decode", "full"), spec.get("memory_noise", 0.0))
+        self.set_sampling(spec.get("sampling_steps", 5), spec.get("shift", 5.0), spec.get("decode", "full"), spec.get("memory_noise", 0.0),
+                          spec.get("action_guidance", 1.0))  # fmt: skip
         self.decoder = vae_lib.StreamingDecoder(self.vae)
         self.context: torch.Tensor | None = None  # (N, C, 2, h, w)
         self.context_actions: torch.Tensor | None = None  # (N, 5, A) raw
@@ -98,32 +119,39 @@ class WorldModel:
         factor = vae_lib.spatial_factor(vae)
         if image_size % (2 * factor):
             raise ValueError(f"image_size {image_size} must be a multiple of {2 * factor} (VAE {factor}x, DiT patch 2)")
-        dit = ActionConditionedDiT(config.size, int(vae.config.z_dim), action_dim, config.chunk_size, config.context_channels)
+        null_actions = config.action_dropout > 0  # trained with dropped actions: it learns the "no action" condition
+        dit = ActionConditionedDiT(config.size, int(vae.config.z_dim), action_dim, config.chunk_size, config.context_channels, null_actions)
         spec = dict(
             kind=KIND, size=config.size, image_size=image_size, action_dim=action_dim, chunk_size=config.chunk_size,
-            context_channels=config.context_channels,
+            context_channels=config.context_channels, null_actions=null_actions, action_dropout=config.action_dropout,
             latent_channels=int(vae.config.z_dim), memory_frames=config.memory_frames, reference_frame=config.reference_frame,
             action_mean=list(action_mean) if action_mean is not None else [0.0] * action_dim,
             action_std=list(action_std) if action_std is not None else [1.0] * action_dim,
             sampling_steps=config.sampling_steps, shift=config.shift, decode=config.decode, memory_noise=config.memory_noise,
+            action_guidance=config.action_guidance,
         )  # fmt: skip
         return cls(dit, vae, spec, device)
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, device: str | torch.device = "auto", **sampling: Any) -> "WorldModel":
         """Load a folder written by :meth:`save_pretrained`; ``sampling`` may override
-        ``sampling_steps``, ``shift``, ``decode`` and ``memory_noise``."""
+        ``sampling_steps``, ``shift``, ``decode``, ``memory_noise`` and ``action_guidance``."""
         folder = Path(folder)
         spec = read_model_config(folder, kind=KIND)
         vae = vae_lib.load_vae(folder / "vae")
         if int(vae.config.z_dim) != int(spec["latent_channels"]):
             raise ValueError(f"{folder}/vae has {vae.config.z_dim} latent channels, the DiT expects {spec['latent_channels']}")
         spec.setdefault("context_channels", False)  # folders from before the option
+        spec.setdefault("null_actions", False)
         dit = ActionConditionedDiT(spec["size"], int(spec["latent_channels"]), int(spec["action_dim"]), int(spec["chunk_size"]),
-                                   bool(spec["context_channels"]))  # fmt: skip
+                                   bool(spec["context_channels"]), bool(spec["null_actions"]))  # fmt: skip
         load_weights(folder, dit)
         spec.update({k: v for k, v in sampling.items() if v is not None})
-        return cls(dit, vae, spec, device).for_inference()
+        try:
+            model = cls(dit, vae, spec, device)
+        except ValueError as error:  # a sampling option this model cannot take: say which model
+            raise ValueError(f"world model {folder}: {error}") from error
+        return model.for_inference()
 
     def for_inference(self) -> "WorldModel":
         """bf16 DiT weights on GPU (the sampler keeps latents in fp32); unchanged on CPU. The VAE keeps
@@ -145,14 +173,22 @@ class WorldModel:
         atomic_write_json(folder / "config.json", self.spec)
         return folder
 
-    def set_sampling(self, steps: int, shift: float, decode: str, memory_noise: float = 0.0) -> None:
+    def set_sampling(self, steps: int, shift: float, decode: str, memory_noise: float = 0.0, action_guidance: float = 1.0) -> None:
         if decode not in ("cached", "full"):
             raise ValueError(f"decode must be 'cached' or 'full', got {decode!r}")
         if not 0.0 <= memory_noise < 1.0:
             raise ValueError(f"memory_noise must be in [0, 1), got {memory_noise}")
+        if action_guidance < 1.0:
+            raise ValueError(f"action_guidance must be >= 1 (1: plain conditional sampling), got {action_guidance}")
+        if action_guidance != 1.0 and not self.dit.null_actions:
+            raise ValueError(f"world_model.action_guidance={action_guidance} needs a world model trained with "
+                             "world_model.action_dropout > 0; this one has no 'no action' condition to guide against "
+                             "(sample it with action_guidance=1)")  # fmt: skip
         self.sampling_steps, self.shift, self.decode_mode, self.memory_noise = int(steps), float(shift), decode, float(memory_noise)
+        self.action_guidance = float(action_guidance)
         self.sigmas = sampler_sigmas(self.sampling_steps, self.shift)
-        self.spec.update(sampling_steps=self.sampling_steps, shift=self.shift, decode=decode, memory_noise=self.memory_noise)
+        self.spec.update(sampling_steps=self.sampling_steps, shift=self.shift, decode=decode, memory_noise=self.memory_noise,
+                         action_guidance=self.action_guidance)  # fmt: skip
 
     # ------------------------------------------------------------------------------------ rollout
 
@@ -234,7 +270,7 @@ class WorldModel:
         if self.memory_noise:  # the conditioning only: the clean memory stays in self.context
             memory = (1 - self.memory_noise) * context[:, :, 1:] + self.memory_noise * memory_eps
             context = torch.cat([context[:, :, :1], memory], dim=2)
-        new = sample_future(self.dit, context, all_actions, noise, self.sigmas, self.memory_noise)  # (N, C, 2, h, w)
+        new = sample_future(self.dit, context, all_actions, noise, self.sigmas, self.memory_noise, self.action_guidance)  # (N, C, 2, h, w)
         with autocast(self.device):
             if self.decode_mode == "cached":
                 frames = self.decoder(new)

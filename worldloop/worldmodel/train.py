@@ -7,7 +7,8 @@ held-out PSNR/SSIM.
 ``train_world_model``: every clip of every training episode is encoded once (cached on disk next to
 the run), then rectified flow: ``x_sigma = (1 - sigma) x0 + sigma eps``, the DiT predicts the
 velocity ``eps - x0`` of the 2 future latents given the clean (or lightly noised, context-noise
-augmentation) context latents and the 13 actions. EMA weights are what gets saved.
+augmentation) context latents and the 13 actions (or, for a fraction ``action_dropout`` of the clips,
+the learned "no action" condition that action guidance samples against). EMA weights are what gets saved.
 """
 
 from __future__ import annotations
@@ -340,6 +341,9 @@ def train_world_model(
         if bool(init.spec["context_channels"]) != config.context_channels:
             raise ValueError(f"--init world model has context_channels={bool(init.spec['context_channels'])}; "
                              f"world_model.context_channels={config.context_channels} builds a DiT whose input layer differs: set it alike")
+        if init.dit.null_actions and not config.action_dropout:
+            raise ValueError("--init world model has a learned 'no action' condition (trained with world_model.action_dropout > 0); "
+                             "world_model.action_dropout=0 builds a DiT without it: continue it with action_dropout > 0")
         action_mean, action_std = np.asarray(init.spec["action_mean"]), np.asarray(init.spec["action_std"])
     latents_all, actions_all = clips["latents"].to(device), clips["actions"].to(device)
     if config.self_forcing and "previous" not in clips:
@@ -349,7 +353,7 @@ def train_world_model(
     torch.manual_seed(seed)
     model = WorldModel.build(config, vae, image_size, action_dim, action_mean.tolist(), action_std.tolist(), device)
     if init is not None:
-        model.dit.load_state_dict({k: v.float() for k, v in init.dit.state_dict().items()})
+        load_init_weights(model.dit, init.dit)
     dit = model.dit.train()
     if config.gradient_checkpointing and device.type == "cuda":
         dit.transformer.enable_gradient_checkpointing()
@@ -362,6 +366,8 @@ def train_world_model(
     shape = dict(image_size=image_size, action_dim=action_dim, latent_shape=list(latents_all.shape[1:]), size=config.size)
     if config.context_channels:  # only when set, so that checkpoints from before the option still resume
         shape["context_channels"] = True
+    if model.dit.null_actions:  # likewise
+        shape["null_actions"] = True
 
     step = 0
     checkpoint = latest_checkpoint(out)
@@ -388,6 +394,8 @@ def train_world_model(
         x0 = latents_all[index]  # (B, C, 4, h, w)
         actions = normalised_all[index]  # (B, 13, A)
         batch = x0.shape[0]
+        # clips that learn the "no action" condition; no draw when off, so such runs keep their random stream
+        drop = torch.rand(batch, device=device, generator=generator) < config.action_dropout if config.action_dropout else None
         if config.self_forcing and budget.fraction(step) >= config.self_forcing_after:
             # the memory the model will really see from a rollout's second chunk on: its own samples
             chosen = (torch.rand(batch, device=device, generator=generator) < config.self_forcing) & (previous_all[index] >= 0)
@@ -396,7 +404,7 @@ def train_world_model(
                 x0[chosen, :, 1] = self_forced_memory(dit, latents_all, normalised_all, previous_all, index[chosen],
                                                       config.self_forcing_chunks, self_forcing_sigmas, generator)  # fmt: skip
                 self_forced += int(chosen.sum())
-        loss = flow_matching_loss(dit, x0, actions, config, generator)
+        loss = flow_matching_loss(dit, x0, actions, config, generator, drop)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(dit.parameters(), config.grad_clip)
@@ -439,6 +447,20 @@ def steps_trained(folder: str | Path) -> int | None:
     return None if steps is None else int(steps)
 
 
+def load_init_weights(dit, init_dit) -> None:
+    """``init_dit``'s weights into the new ``dit``. One saved before it learned the "no action" condition
+    can be continued with action_dropout > 0: only the null tokens are new, and they start from its
+    zero-action tokens. Any other missing or unexpected weight is an error."""
+    missing, unexpected = dit.load_state_dict({k: v.float() for k, v in init_dit.state_dict().items()}, strict=False)
+    if unexpected or set(missing) - {"null_action_tokens"}:
+        raise ValueError(f"--init world model's DiT does not match this one: "
+                         f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")  # fmt: skip
+    if missing:
+        dit.init_null_action_tokens()
+        print("--init world model has no 'no action' condition: its weights are loaded and the new null action tokens "
+              "(world_model.action_dropout > 0) start from its zero-action tokens", flush=True)  # fmt: skip
+
+
 @torch.no_grad()
 def ema_step(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
     """One step of the exponential moving average of ``model``'s weights in ``ema``: ema <- decay ema + (1 - decay) model."""
@@ -446,12 +468,15 @@ def ema_step(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None
         average.lerp_(weight, 1.0 - decay)
 
 
-def flow_matching_loss(dit, x0: torch.Tensor, actions: torch.Tensor, config: WorldModelConfig, generator: torch.Generator) -> torch.Tensor:
+def flow_matching_loss(
+    dit, x0: torch.Tensor, actions: torch.Tensor, config: WorldModelConfig, generator: torch.Generator, drop: torch.Tensor | None = None
+) -> torch.Tensor:
     """The DiT's rectified-flow loss on clips ``x0`` (B, C, 4, h, w) [reference, memory, future, future]
     with normalised ``actions`` (B, 13, A): the future latents are noised to ``(1 - sigma) x0 + sigma eps``
     (sigma time-shifted), the memory latent lightly (context-noise augmentation, up to
     ``config.context_noise``; the reference stays clean when it is the first frame), and the DiT's
-    velocity is regressed on ``eps - x0`` over the future slots."""
+    velocity is regressed on ``eps - x0`` over the future slots. ``drop`` (B,) bool: clips that see the
+    "no action" condition instead of their actions."""
     batch = x0.shape[0]
     device = x0.device
     context, future = x0[:, :, :2], x0[:, :, 2:]
@@ -467,7 +492,7 @@ def flow_matching_loss(dit, x0: torch.Tensor, actions: torch.Tensor, config: Wor
     noisy_context = (1 - cs) * context + cs * context_noise
     sigmas = torch.cat([context_sigma, sigma[:, None].expand(-1, future.shape[2])], dim=1)  # (B, 4)
     with autocast(device):
-        velocity = dit(torch.cat([noisy_context, noisy_future], dim=2), sigmas, actions)
+        velocity = dit(torch.cat([noisy_context, noisy_future], dim=2), sigmas, actions, drop=drop)
     return F.mse_loss(velocity[:, :, 2:].float(), noise - future)
 
 
