@@ -441,3 +441,18 @@ def test_a_model_saved_before_action_guidance_loads_strictly_as_before(model, tm
     (folder / "config.json").write_text(json.dumps({**config, "null_actions": True}))
     with pytest.raises(ValueError, match=re.escape("missing ['null_action_tokens']")):
         WorldModel.from_pretrained(folder, "cpu")
+
+
+def test_bench_wm_times_the_guided_sampler_at_twice_the_rows(model, monkeypatch):
+    """`bench wm` with world_model.action_guidance != 1 times the DiT as the rollout runs it (2N rows a call)."""
+    from worldloop.worldmodel import bench
+
+    monkeypatch.setitem(bench.RESOLUTION, "tiny", SIZE)  # the fixture's resolution, not the preset's
+    guided = WorldModel.build(WorldModelConfig(sampling_steps=1, action_dropout=0.2), model.vae, SIZE, 4, device="cpu")  # bench's 4 actions
+    cpu, rows = torch.device("cpu"), {}
+    for scale in (1.0, 2.0):
+        guided.set_sampling(guided.sampling_steps, guided.shift, guided.decode_mode, action_guidance=scale)
+        rows[scale] = bench.measure(guided, "tiny", 2, cpu, repeats=1)
+    assert [(r["action_guidance"], r["dit_rows"]) for r in rows.values()] == [(1.0, 2), (2.0, 4)]
+    counted = [r["dit_tflops"] * r["dit_ms"] for r in rows.values()]  # the FLOPs counted, whatever the timing
+    assert counted[1] == pytest.approx(2 * counted[0], rel=1e-6)
