@@ -196,7 +196,7 @@ class WorldModelRefiner:
         return rollout_episodes(first, rollout), float(rollout.success_once.float().mean())
 
     def _train(self, generator: torch.Generator) -> float:
-        from worldloop.worldmodel.train import ema_step, flow_matching_loss
+        from worldloop.worldmodel.train import action_drops, ema_step, flow_matching_loss
 
         pools = [self._on_device(self.rounds)] + ([self.known] if self.known is not None else [])
         batch = self.clip_config.batch_size
@@ -207,8 +207,7 @@ class WorldModelRefiner:
             picks = [torch.randint(len(latents), (size,), generator=generator, device=self.device) for (latents, _), size in zip(pools, sizes)]
             latents = torch.cat([pool[0][index] for pool, index in zip(pools, picks)])
             actions = torch.cat([pool[1][index] for pool, index in zip(pools, picks)])
-            rate = self.clip_config.action_dropout
-            drop = torch.rand(len(latents), device=self.device, generator=generator) < rate if rate else None
+            drop = action_drops(self.clip_config, len(latents), generator, self.device)
             loss = flow_matching_loss(self.master, latents, actions, self.clip_config, generator, drop)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()

@@ -208,8 +208,7 @@ def evaluate_world_model(model: WorldModel, episodes: Sequence[Any], horizons: S
         "device": str(model.device),
         "sampling": {"steps": model.sampling_steps, "shift": model.shift, "decode": model.decode_mode, "memory_noise": model.memory_noise,
                      "action_guidance": model.action_guidance},
-        "model": {**{k: model.spec[k] for k in ("size", "image_size", "memory_frames", "reference_frame", "context_channels")},
-                  "null_actions": model.dit.null_actions},
+        "model": {k: model.spec[k] for k in ("size", "image_size", "memory_frames", "reference_frame", "context_channels", "null_actions")},
     }
     for i in range(min(videos, len(episodes))):
         n = int(valid[i].sum())

@@ -394,8 +394,7 @@ def train_world_model(
         x0 = latents_all[index]  # (B, C, 4, h, w)
         actions = normalised_all[index]  # (B, 13, A)
         batch = x0.shape[0]
-        # clips that learn the "no action" condition; no draw when off, so such runs keep their random stream
-        drop = torch.rand(batch, device=device, generator=generator) < config.action_dropout if config.action_dropout else None
+        drop = action_drops(config, batch, generator, device)
         if config.self_forcing and budget.fraction(step) >= config.self_forcing_after:
             # the memory the model will really see from a rollout's second chunk on: its own samples
             chosen = (torch.rand(batch, device=device, generator=generator) < config.self_forcing) & (previous_all[index] >= 0)
@@ -466,6 +465,14 @@ def ema_step(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None
     """One step of the exponential moving average of ``model``'s weights in ``ema``: ema <- decay ema + (1 - decay) model."""
     for average, weight in zip(ema.parameters(), model.parameters()):
         average.lerp_(weight, 1.0 - decay)
+
+
+def action_drops(config: WorldModelConfig, batch: int, generator: torch.Generator, device: torch.device) -> torch.Tensor | None:
+    """(batch,) bool: the clips that learn the "no action" condition, each with probability ``config.action_dropout``;
+    None, and no random draw, when it is 0, so runs without it keep their random stream."""
+    if not config.action_dropout:
+        return None
+    return torch.rand(batch, device=device, generator=generator) < config.action_dropout
 
 
 def flow_matching_loss(
