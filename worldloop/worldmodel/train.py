@@ -373,8 +373,11 @@ def train_world_model(
     checkpoint = latest_checkpoint(out)
     if checkpoint is not None:
         saved = torch.load(checkpoint / "state.pt", map_location="cpu", weights_only=False)["extra"]
-        if saved.get("shape") != shape:
-            raise ValueError(f"checkpoint {checkpoint} was trained for {saved.get('shape')}, but this run has {shape} (another resolution, action size or preset?)")
+        saved_shape = saved.get("shape") or {}
+        if saved_shape != shape:
+            differ = sorted(key for key in saved_shape.keys() | shape.keys() if saved_shape.get(key) != shape.get(key))
+            raise ValueError(f"checkpoint {checkpoint} cannot resume this run: it differs in {differ} "
+                             f"(checkpoint {saved_shape}, this run {shape}); train into a new --out or match the settings")
         step, extra = load_checkpoint(checkpoint, modules, stateful)
         budget.seconds_done = extra.get("seconds", 0.0)
 
