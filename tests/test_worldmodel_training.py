@@ -16,7 +16,7 @@ from _worldmodel_fixtures import square_episodes, tiny_vae
 from worldloop.utils.checkpoint import latest_checkpoint
 from worldloop.worldmodel import vae as vae_lib
 from worldloop.worldmodel.configuration import VAEConfig, WorldModelConfig
-from worldloop.worldmodel.evaluate import evaluate_world_model
+from worldloop.worldmodel.evaluate import evaluate_world_model, paired_change
 from worldloop.worldmodel.rollout import sample_future
 from worldloop.worldmodel.train import steps_trained, train_vae, train_world_model
 
@@ -244,6 +244,32 @@ def test_evaluate_writes_metrics_and_strips(vae, tmp_path):
     assert [e["episode"] for e in per_episode] == [0, 1] and sorted(per_episode[0]["psnr"]) == ["16", "8"]  # no dataset index: the position
     assert sum(e["psnr"]["8"] for e in per_episode) / 2 == pytest.approx(row["psnr"], rel=1e-5)
     assert sum(e["copy_last_frame_psnr"]["8"] for e in per_episode) / 2 == pytest.approx(row["copy_last_frame_psnr"], rel=1e-5)
+    assert sum(e["psnr_other_actions"]["8"] for e in per_episode) / 2 == pytest.approx(row["psnr_other_actions"], rel=1e-5)
+    # paired against itself: no change, at every horizon, over both episodes
+    same = paired_change(metrics, metrics, "action_delta_psnr")
+    assert sorted(same) == ["16", "8"] and same["8"] == {"change": 0.0, "stderr": 0.0, "episodes": 2}
+
+
+def test_paired_change_pairs_episodes_by_index():
+    """Hand case: episodes matched by their dataset index whatever their order, the change and its paired SE
+    over the shared ones; action ΔPSNR from the per-episode curves; metrics without them refused."""
+
+    def metrics(rows):
+        return {"horizons": {"8": {}, "32": {}}, "per_episode": [
+            {"episode": e, "psnr": {"8": p, **({"32": p} if e != 7 else {})}, "psnr_other_actions": {"8": o, "32": o}} for e, p, o in rows]}
+
+    before = metrics([(3, 20.0, 19.0), (5, 22.0, 21.0), (7, 24.0, 23.0)])
+    after = metrics([(7, 25.0, 23.0), (3, 20.5, 19.0), (9, 30.0, 20.0)])  # 5 missing, 9 new: 3 and 7 are shared
+    change = paired_change(before, after)
+    assert change["8"]["episodes"] == 2 and change["8"]["change"] == pytest.approx(0.75)
+    assert change["8"]["stderr"] == pytest.approx(math.sqrt(((0.5 - 0.75) ** 2 + (1.0 - 0.75) ** 2) / 1) / math.sqrt(2))
+    assert change["32"]["episodes"] == 1 and change["32"]["change"] == 0.5 and math.isnan(change["32"]["stderr"])  # 7 lacks 32
+    assert paired_change(before, after, "action_delta_psnr")["8"]["change"] == pytest.approx(0.75)  # other actions unchanged
+    with pytest.raises(ValueError, match="per_episode"):
+        paired_change({"horizons": {"8": {}}}, after)
+    without_other = {"horizons": {"8": {}}, "per_episode": [{"episode": 0, "psnr": {"8": 1.0}}]}
+    with pytest.raises(ValueError, match="psnr_other_actions"):
+        paired_change(without_other, without_other, "action_delta_psnr")
 
 
 def test_horizon_metrics_margin_stderr_is_over_episodes():

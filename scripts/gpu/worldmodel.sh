@@ -164,6 +164,15 @@ def ev(folder="eval"):
             still = rows[last]["psnr_still"] if last in rows else float("nan")
             n = rows[first]["episodes"] if first in rows else 0
             print(f"  {task[:44]:<44} n={n:<3} " + "  ".join(cells) + f"  still {still:6.2f}")
+    if folder.startswith(("eval-memory-noise", "eval-action-guidance")):  # the same model and episodes as eval: paired
+        from worldloop.worldmodel.evaluate import paired_change
+        base = json.loads((out / "eval" / "metrics.json").read_text())
+        for key in ("psnr", "action_delta_psnr"):
+            try:
+                cells = [f"h{h} {c['change']:+.2f} ± {c['stderr']:.2f}" for h, c in paired_change(base, m, key).items()]
+                print(f"paired change from eval, {key} (± paired SE): " + "  ".join(cells))
+            except ValueError as error:
+                print(f"paired change from eval, {key}: not available ({error})")
 def bench():
     print((out / "bench_wm.txt").read_text())
 for name, fn in (("vae", vae), ("wm", wm), ("eval", ev), ("bench", bench)):

@@ -9,8 +9,9 @@ from worldloop.config import Config, save_config
 HELP = """Replay the recorded actions of held-out episodes of --dataset open-loop in the world model,
 from their real first frames, and compare with the real frames at world_model.eval_horizons:
 PSNR and SSIM next to the copy-last-frame baseline (LPIPS/FID/FVD only with local weights),
-rollout frames/s; per task and per episode too (metrics.json's per_task, per_episode: pair two models
-episode by episode). Writes OUT/metrics.json, real|generated mp4s and PNG strips.
+rollout frames/s; per task and per episode too (metrics.json's per_task, per_episode: two models, or two
+samplings of one, paired episode by episode with worldloop.worldmodel.evaluate.paired_change).
+Writes OUT/metrics.json, real|generated mp4s and PNG strips.
 Example: worldloop eval-wm --world-model runs/wm --dataset runs/data --out runs/wm-eval"""
 
 

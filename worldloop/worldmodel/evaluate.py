@@ -143,21 +143,51 @@ def per_task_metrics(
 
 
 def per_episode_metrics(
-    episodes: Sequence[Any], real: torch.Tensor, generated: torch.Tensor, baseline: torch.Tensor, valid: torch.Tensor, horizons: Sequence[int]
+    episodes: Sequence[Any], real: torch.Tensor, generated: torch.Tensor, baseline: torch.Tensor, valid: torch.Tensor, horizons: Sequence[int],
+    other_actions: torch.Tensor | None = None,
 ) -> list[dict[str, Any]]:
-    """Each episode's PSNR over frames 1..h (the model's and copy-last-frame's) at every horizon it reaches, with
-    its dataset index and instruction: two world models evaluated on the same episodes can then be compared
-    episode by episode (a paired difference), not only by their means."""
-    model_psnr, base_psnr = psnr(generated, real), psnr(baseline, real)
+    """Each episode's PSNR over frames 1..h (the model's, copy-last-frame's and, with ``other_actions``, the model's
+    under the next episode's actions) at every horizon it reaches, with its dataset index and instruction: two
+    world models (or two samplings of one) evaluated on the same episodes can then be compared episode by
+    episode (``paired_change``), not only by their means."""
+    curves = {"psnr": psnr(generated, real), "copy_last_frame_psnr": psnr(baseline, real)}
+    if other_actions is not None:
+        curves["psnr_other_actions"] = psnr(other_actions, real)
     rows = []
     for i, episode in enumerate(episodes):
         reached = [h for h in horizons if bool(valid[i, h - 1])]
-        rows.append({
-            "episode": int(getattr(episode, "index", i)), "instruction": getattr(episode, "instruction", ""),
-            "psnr": {str(h): float(model_psnr[i, :h].mean()) for h in reached},
-            "copy_last_frame_psnr": {str(h): float(base_psnr[i, :h].mean()) for h in reached},
-        })  # fmt: skip
+        row = {"episode": int(getattr(episode, "index", i)), "instruction": getattr(episode, "instruction", "")}
+        rows.append(row | {key: {str(h): float(curve[i, :h].mean()) for h in reached} for key, curve in curves.items()})
     return rows
+
+
+def paired_change(before: dict[str, Any], after: dict[str, Any], key: str = "psnr") -> dict[str, dict[str, float]]:
+    """Per horizon, the mean change of ``key`` from ``before`` to ``after`` (two eval-wm metrics.json dicts) over
+    the episodes both reached, with its paired standard error: sampling choices such as action guidance move
+    these numbers by less than their unpaired standard errors, which the shared episodes mostly cancel.
+    ``key`` is a per-episode curve ("psnr", "copy_last_frame_psnr", "psnr_other_actions") or
+    "action_delta_psnr" (psnr - psnr_other_actions)."""
+
+    def values(metrics: dict[str, Any], h: str) -> dict[int, float]:
+        rows = metrics.get("per_episode")
+        if rows is None:
+            raise ValueError("metrics without per_episode values (eval-wm before they were written): nothing to pair")
+        if key == "action_delta_psnr":
+            if any("psnr_other_actions" not in row for row in rows):
+                raise ValueError("metrics without per-episode psnr_other_actions (one episode, or eval-wm before they were written)")
+            return {row["episode"]: row["psnr"][h] - row["psnr_other_actions"][h] for row in rows if h in row["psnr"]}
+        return {row["episode"]: row[key][h] for row in rows if h in row[key]}
+
+    changes = {}
+    for h in before.get("horizons", {}):
+        a, b = values(before, h), values(after, h)
+        shared = sorted(a.keys() & b.keys())
+        if not shared:
+            continue
+        diff = torch.tensor([b[e] - a[e] for e in shared], dtype=torch.float64)
+        stderr = float(diff.std() / math.sqrt(len(shared))) if len(shared) > 1 else float("nan")
+        changes[h] = {"change": float(diff.mean()), "stderr": stderr, "episodes": len(shared)}
+    return changes
 
 
 def mean_finite(values: torch.Tensor, weights: torch.Tensor) -> float:
@@ -200,7 +230,7 @@ def evaluate_world_model(model: WorldModel, episodes: Sequence[Any], horizons: S
     metrics: dict[str, Any] = {
         "horizons": horizon_metrics(real, generated, baseline, valid, usable, other),
         "per_task": per_task_metrics(episodes, real, generated, baseline, valid, usable, other),
-        "per_episode": per_episode_metrics(episodes, real, generated, baseline, valid, usable),
+        "per_episode": per_episode_metrics(episodes, real, generated, baseline, valid, usable, other),
         "skipped_horizons": skipped,
         **feature_metrics_status(),
         "rollout_frames_per_second": rollout_fps,
