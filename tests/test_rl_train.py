@@ -366,7 +366,7 @@ def test_a_fall_in_real_success_stops_rl_with_the_last_weights_that_held(tmp_pat
         RLConfig(stop_when_real_falls_se=-1).validate()
 
 
-def test_the_time_limit_leaves_room_for_the_final_evaluation(tmp_path):
+def test_the_time_limit_leaves_room_for_the_final_evaluation(tmp_path, monkeypatch):
     """rl.time_limit_min ends a run while its final evaluation still fits: the twentieth H200 session's second
     arm, stopped from outside during its last evaluation, wrote no results at all."""
     from worldloop.rl.trainer import time_is_up
@@ -385,6 +385,18 @@ def test_the_time_limit_leaves_room_for_the_final_evaluation(tmp_path):
     rl = config(iterations=3, num_groups=4, eval_every=0, time_limit_min=60)
     results = train(ToyPolicy(), imagined(32, 8), rl, tmp_path / "long", reality_check=ScriptedCheck([0.5, 0.5]), console=False)
     assert results["iterations"] == 3 and [e["iteration"] for e in results["evaluations"]] == [0, 3]
+
+    # resumed, a run expects its iterations and final evaluation to last as long as the checkpoint's did
+    from worldloop.rl import trainer as trainer_lib
+
+    rl = config(iterations=1, num_groups=4, eval_every=0, time_limit_min=60)
+    first = train(ToyPolicy(), imagined(32, 8), rl, tmp_path / "resumed", reality_check=ScriptedCheck([0.5] * 3), console=False)
+    calls = []
+    monkeypatch.setattr(trainer_lib, "time_is_up", lambda *args: calls.append(args) or False)
+    rl = config(iterations=2, num_groups=4, eval_every=0, time_limit_min=60)
+    train(ToyPolicy(), imagined(32, 8), rl, tmp_path / "resumed", reality_check=ScriptedCheck([0.5] * 3), console=False)
+    _, iteration_s, eval_s, _, _ = calls[0]
+    assert iteration_s >= first["history"][0]["time/iteration"] and eval_s == first["evaluations"][-1]["seconds"] > 0
 
 
 def test_an_optimistic_imagined_environment_is_diagnosed_once(tmp_path):

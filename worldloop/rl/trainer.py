@@ -108,7 +108,8 @@ def train(
         if console:
             tqdm.write(f"rl: WARNING {message}")
 
-    eval_seconds = 0.0  # the latest evaluation's duration: what the final one is expected to take
+    # the latest evaluation's duration, what the final one is expected to take (kept with each evaluation: a resumed run knows it)
+    eval_seconds = evaluations[-1].get("seconds", 0.0) if evaluations else 0.0
 
     def evaluate(iteration: int) -> None:
         nonlocal eval_seconds
@@ -157,7 +158,7 @@ def train(
                             world_model_exploited_diagnosis(evaluations[0], result)):  # fmt: skip
                 if warning:
                     warn(iteration, warning)
-        eval_seconds = time.perf_counter() - began
+        eval_seconds = result["seconds"] = time.perf_counter() - began
         writer.add_scalar("time/eval", eval_seconds, iteration)
         if console:
             tqdm.write(line)
@@ -179,7 +180,7 @@ def train(
         return {"iteration": iteration, "fallen": fallen, "policy_from": held}
 
     run_began = time.perf_counter()  # rl.time_limit_min counts from here, the first evaluation included
-    slowest_iteration = 0.0
+    slowest_iteration = max((h["time/iteration"] for h in history), default=0.0)
     if reality_check is not None and start == 0:
         evaluate(0)
         held_or_fallen(0)
