@@ -16,6 +16,7 @@
 # EVAL_MEMORY_NOISE ("": extra eval-wm runs, one per world_model.memory_noise level, e.g. "0.1 0.2"),
 # EVAL_ACTION_GUIDANCE ("": extra eval-wm runs, one per world_model.action_guidance scale, e.g. "1.5 2 3"; the
 # model must have trained with world_model.action_dropout > 0, e.g. EXTRA="... world_model.action_dropout=0.1"),
+# EVAL_COUNTERFACTUAL (1: eval-wm --counterfactual, the simulator driven by the same swapped actions; 0: off),
 # MORE_DATA (more dataset folders, e.g. a policy's rollouts: the world model trains on them too and
 # eval-wm replays their held-out episodes as well; each is waited for, MORE_DATA_WAIT_S = 300 s at most,
 # until its collection wrote summary.json), WM_ALSO ("": key=value overrides of a second DiT that trains
@@ -91,11 +92,12 @@ fi
 
 # 3. open-loop evaluation on the held-out episodes of every dataset (DATA -> PREFIX, a policy's rollouts ->
 #    PREFIX-<name>: does the model follow its actions?), for the model and, with WM_ALSO, its A/B twin
+COUNTERFACTUAL=(); [ "${EVAL_COUNTERFACTUAL:-1}" = 1 ] && COUNTERFACTUAL=(--counterfactual)  # the simulator under the swapped actions too
 evaluate_on_held_out() {  # MODEL_DIR PREFIX
   local D NAME
   for D in "${DATASETS[@]}"; do
     [ "$D" = "$DATA" ] && NAME=$2 || NAME="$2-$(basename "$D")"
-    timeout 300 $PY -m worldloop eval-wm --world-model "$1" --dataset "$D" --out "$OUT/$NAME" "${COMMON[@]}" \
+    timeout 300 $PY -m worldloop eval-wm --world-model "$1" --dataset "$D" --out "$OUT/$NAME" "${COMMON[@]}" "${COUNTERFACTUAL[@]}" \
       2>&1 | tail -3 | tee -a "$OUT/log.txt" || echo "eval-wm of $1 on $D failed" | tee -a "$OUT/log.txt"
   done
 }
@@ -155,6 +157,13 @@ def ev(folder="eval"):
     print("action dPSNR: PSNR lost when each episode is replayed with the next one's actions (near 0: the model ignores them)")
     print("still PSNR: where the real frame still equals the first one (the table, untouched objects); copy-last-frame is exact there")
     print(f"rollout {m['rollout_frames_per_second']:.1f} frames/s with {m['num_envs']} envs; LPIPS/FID/FVD: {m['lpips']}")
+    if m.get("counterfactual"):
+        print("counterfactual (the simulator under the same swapped actions; PSNR in dB):")
+        print(f"{'horizon':>7} {'eps':>4} {'model vs sim':>12} {'blind':>7} {'gain':>6} {'SE':>5} {'sim effect':>10} {'sim replay':>10}")
+        for h, r in m["counterfactual"].items():
+            print(f"{h:>7} {r['episodes']:>4} {r['counterfactual_psnr']:12.2f} {r['blind_psnr']:7.2f} {r['counterfactual_gain']:6.2f} "
+                  f"{r['counterfactual_gain_stderr']:5.2f} {r['simulator_action_effect_psnr']:10.2f} {r['replay_psnr']:10.2f}")
+        print("gain: model vs sim minus blind (its own-action frames vs the sim under the swap); > 0: it moves the scene as the actions say")
     tasks = m.get("per_task") or {}
     if tasks:
         first, last = min(m["horizons"], key=int), max(m["horizons"], key=int)

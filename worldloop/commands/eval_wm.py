@@ -11,6 +11,8 @@ from their real first frames, and compare with the real frames at world_model.ev
 PSNR and SSIM next to the copy-last-frame baseline (LPIPS/FID/FVD only with local weights),
 rollout frames/s; per task and per episode too (metrics.json's per_task, per_episode: two models, or two
 samplings of one, paired episode by episode with worldloop.worldmodel.evaluate.paired_change).
+With --counterfactual, the simulator is driven by the same swapped actions from each episode's recorded
+task and seed (a dataset from `worldloop collect`): does the model move the scene as the simulator does?
 Writes OUT/metrics.json, real|generated mp4s and PNG strips.
 Example: worldloop eval-wm --world-model runs/wm --dataset runs/data --out runs/wm-eval"""
 
@@ -19,6 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-model", required=True, help="world-model folder (train-wm --out)")
     parser.add_argument("--dataset", required=True, help="LeRobot v3 dataset folder (its held-out split is used)")
     parser.add_argument("--out", required=True, help="folder for metrics.json and videos")
+    parser.add_argument("--counterfactual", action="store_true",
+                        help="also drive the simulator (sim.*) with the swapped actions from each episode's recorded task and seed: "
+                             "does the model move the scene the way the simulator does? (metrics.json's counterfactual)")
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
@@ -33,6 +38,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     wm_config = config.world_model
     _, held_out, dataset = load_split(args.dataset, wm_config.held_out_fraction, config.seed)
     model = load_world_model(args.world_model, config, args.overrides, resolve_device(config.device))
-    metrics = evaluate_world_model(model, held_out[: wm_config.eval_episodes], wm_config.eval_horizons, args.out, fps=int(dataset.fps), seed=config.seed)
+    metrics = evaluate_world_model(model, held_out[: wm_config.eval_episodes], wm_config.eval_horizons, args.out, fps=int(dataset.fps), seed=config.seed,
+                                   sim_config=config.sim if args.counterfactual else None)
     print(json.dumps(metrics, indent=2))
     return 0

@@ -11,7 +11,8 @@ frames and seeds, driven by the next held-out episode's actions instead of their
 (Genie's controllability ΔPSNR) says how much the actions decide what the model renders: near 0, it
 plays the task's usual motion whatever the policy does, and an imagined rollout succeeds as often as the
 data did. Compare it between models on the same episodes: how far another episode's actions lead
-elsewhere depends on the data.
+elsewhere depends on the data. With a simulator (eval-wm --counterfactual) the swapped-actions frames are
+also checked against the simulator's under the same actions (``counterfactual.py``): how far they *should* go.
 
 Does the model keep what does not move? ``psnr_still`` is the PSNR over the pixels where the real frame
 still equals the first one (every channel within ``STILL_TOLERANCE``): the table, and the objects before
@@ -205,8 +206,12 @@ def strip(real: torch.Tensor, generated: torch.Tensor, every: int = 8) -> np.nda
     return torch.cat([top, bottom], dim=0).numpy()
 
 
-def evaluate_world_model(model: WorldModel, episodes: Sequence[Any], horizons: Sequence[int], out: str | Path, fps: int = 20, videos: int = 4, seed: int = 0) -> dict[str, Any]:
-    """Open-loop metrics for every horizon the data allows; writes OUT/metrics.json, mp4s and PNG strips."""
+def evaluate_world_model(
+    model: WorldModel, episodes: Sequence[Any], horizons: Sequence[int], out: str | Path, fps: int = 20, videos: int = 4, seed: int = 0,
+    sim_config: Any = None,
+) -> dict[str, Any]:
+    """Open-loop metrics for every horizon the data allows; writes OUT/metrics.json, mp4s and PNG strips.
+    With ``sim_config``, the swapped-actions rollouts are checked against the simulator's (``counterfactual``)."""
     from PIL import Image
 
     from worldloop.data.video import write_mp4
@@ -224,9 +229,11 @@ def evaluate_world_model(model: WorldModel, episodes: Sequence[Any], horizons: S
     real, generated, valid, rollout_fps = open_loop(model, episodes, max(usable), seed)
     first = torch.stack([torch.as_tensor(np.asarray(e.frames[0])) for e in episodes])
     baseline = first[:, None].expand_as(real)
-    other = None
+    other, drivers = None, list(episodes[1:]) + [episodes[0]]
     if len(episodes) > 1:  # the same starts and seeds, each driven by the next episode's actions
-        _, other, _, _ = open_loop(model, episodes, max(usable), seed, actions_of=list(episodes[1:]) + [episodes[0]])
+        _, other, _, _ = open_loop(model, episodes, max(usable), seed, actions_of=drivers)
+    elif sim_config is not None:
+        raise ValueError("eval-wm: the simulator check swaps actions between episodes and needs at least 2 held-out episodes")
     metrics: dict[str, Any] = {
         "horizons": horizon_metrics(real, generated, baseline, valid, usable, other),
         "per_task": per_task_metrics(episodes, real, generated, baseline, valid, usable, other),
@@ -240,6 +247,12 @@ def evaluate_world_model(model: WorldModel, episodes: Sequence[Any], horizons: S
                      "action_guidance": model.action_guidance},
         "model": {k: model.spec[k] for k in ("size", "image_size", "memory_frames", "reference_frame", "context_channels", "null_actions")},
     }
+    if sim_config is not None:
+        from worldloop.worldmodel.counterfactual import counterfactual_metrics, simulate
+
+        simulated_other, running_other = simulate(sim_config, episodes, drivers, max(usable))
+        simulated_own, running_own = simulate(sim_config, episodes, episodes, max(usable))
+        metrics["counterfactual"] = counterfactual_metrics(real, generated, other, simulated_other, simulated_own, valid & running_other & running_own, usable)
     for i in range(min(videos, len(episodes))):
         n = int(valid[i].sum())
         if n == 0:
