@@ -58,6 +58,11 @@ class ExpertConfig:
 
     action_noise: float = 0.0
     """Std of Gaussian noise added to every expert action of a noisy episode (actions live in [-1, 1])."""
+    noise_hold_steps: int = 1
+    """Steps each noise draw is held for (1: white noise, a new draw every step). Meta-World moves the arm by
+    ~1 cm per unit action and step, so white noise averages out within a chunk and the arm follows the expert
+    whatever its actions; noise held for a chunk (8) pushes it visibly where the actions say, data from which a
+    world model must learn to read its actions (eval-wm --counterfactual measures how much it does)."""
     perturb_prob: float = 0.0
     """Probability that a noisy episode contains one perturbation, after which the expert resumes."""
     perturb_steps: int = 20
@@ -73,6 +78,8 @@ class ExpertConfig:
     def validate(self) -> None:
         if self.action_noise < 0 or not 0 <= self.perturb_prob <= 1 or self.perturb_steps < 0:
             raise ValueError("action_noise >= 0, 0 <= perturb_prob <= 1 and perturb_steps >= 0 are required")
+        if self.noise_hold_steps < 1:
+            raise ValueError(f"noise_hold_steps must be >= 1 (1: white noise), got {self.noise_hold_steps}")
         if not 0 <= self.perturb_start_min <= self.perturb_start_max:
             raise ValueError(f"need 0 <= perturb_start_min <= perturb_start_max, got {self.perturb_start_min}, {self.perturb_start_max}")
         if not 0 <= self.gripper_perturb_fraction <= 1:
