@@ -46,19 +46,23 @@ def test_the_simulator_reproduces_each_recording_and_the_swap_moves_it(episodes,
 
 def test_counterfactual_metrics_by_hand():
     """4-frame episodes: the model draws the swapped truth exactly (its counterfactual is the 100-dB ceiling),
-    its own-action frames are 10 levels off that truth, the recording 20 levels; the last frame of episode 1 is
-    invalid and horizon 4 counts only episode 0."""
+    its own-action frames are 10 levels off that truth and equal to the simulator under its own actions, the
+    recording 20 levels off; the last frame of episode 1 is invalid and horizon 4 counts only episode 0."""
     truth = torch.full((2, 4, 8, 8, 3), 100, dtype=torch.uint8)
     generated, real = truth + 10, truth + 20
     valid = torch.ones(2, 4, dtype=torch.bool)
     valid[1, 3] = False
-    rows = counterfactual_metrics(real, generated, truth.clone(), truth, real.clone(), valid, [2, 4])
+    rows = counterfactual_metrics(real, generated, truth.clone(), truth, generated.clone(), valid, [2, 4])
     ten, twenty = 20 * math.log10(255 / 10), 20 * math.log10(255 / 20)
     assert rows["2"]["episodes"] == 2 and rows["4"]["episodes"] == 1
     assert rows["2"]["counterfactual_psnr"] == pytest.approx(100.0) and rows["2"]["blind_psnr"] == pytest.approx(ten, rel=1e-5)
     assert rows["2"]["counterfactual_gain"] == pytest.approx(100.0 - ten, rel=1e-5) and rows["2"]["counterfactual_gain_stderr"] == pytest.approx(0.0, abs=1e-6)
-    assert rows["2"]["simulator_action_effect_psnr"] == pytest.approx(twenty, rel=1e-5) and rows["2"]["replay_psnr"] == pytest.approx(100.0)
+    assert rows["2"]["simulator_action_effect_psnr"] == pytest.approx(twenty, rel=1e-5) and rows["2"]["replay_psnr"] == pytest.approx(ten, rel=1e-5)
+    assert rows["2"]["factual_psnr"] == pytest.approx(100.0) and rows["2"]["action_following"] == pytest.approx(1.0)  # as exact either way
     assert math.isnan(rows["4"]["counterfactual_gain_stderr"])
+    # a model that draws its own-action frames under the swapped actions too: no gain, following 0
+    blind = counterfactual_metrics(real, generated, generated.clone(), truth, generated.clone(), valid, [2])["2"]
+    assert blind["counterfactual_gain"] == pytest.approx(0.0) and blind["action_following"] == pytest.approx(0.0)
 
 
 def test_bad_input_is_named(episodes, sim_config):
@@ -86,6 +90,10 @@ def test_eval_wm_counterfactual_from_the_command_line(tiny_dataset, tmp_path):
     assert main(["eval-wm", "--world-model", str(tmp_path / "wm"), "--dataset", str(tiny_dataset), "--out", str(tmp_path / "eval"),
                  "--counterfactual", *overrides]) == 0
     rows = json.loads((tmp_path / "eval" / "metrics.json").read_text())["counterfactual"]
+    from PIL import Image
+
+    picture = Image.open(tmp_path / "eval" / "episode_00_counterfactual.png")  # recorded, model, simulator and model under the swap
+    assert picture.size == (64 * 2, 64 * 4)  # 16 frames: every 8th, two columns
     assert sorted(rows) == ["16", "8"]
     for row in rows.values():
         assert row["episodes"] == 2 and row["replay_psnr"] > 29

@@ -17,6 +17,7 @@
 # EVAL_ACTION_GUIDANCE ("": extra eval-wm runs, one per world_model.action_guidance scale, e.g. "1.5 2 3"; the
 # model must have trained with world_model.action_dropout > 0, e.g. EXTRA="... world_model.action_dropout=0.1"),
 # EVAL_COUNTERFACTUAL (1: eval-wm --counterfactual, the simulator driven by the same swapped actions; 0: off),
+# EVAL_FROM (1: with WM_FROM and WM_SECONDS > 0, eval-wm of the carried model as it came too, into eval-from),
 # MORE_DATA (more dataset folders, e.g. a policy's rollouts: the world model trains on them too and
 # eval-wm replays their held-out episodes as well; each is waited for, MORE_DATA_WAIT_S = 300 s at most,
 # until its collection wrote summary.json), WM_ALSO ("": key=value overrides of a second DiT that trains
@@ -102,6 +103,11 @@ evaluate_on_held_out() {  # MODEL_DIR PREFIX
   done
 }
 evaluate_on_held_out "$OUT/wm" eval
+# 3a. the carried model as it came (WM_FROM), on the same episodes: what this lease's training changed (EVAL_FROM=0: skip)
+if [ -n "${WM_FROM:-}" ] && [ "$USE_AS_IS" = 0 ] && [ "${EVAL_FROM:-1}" = 1 ]; then
+  timeout 300 $PY -m worldloop eval-wm --world-model "$WM_FROM" --dataset "$DATA" --out "$OUT/eval-from" "${COMMON[@]}" "${COUNTERFACTUAL[@]}" \
+    2>&1 | tail -3 | tee -a "$OUT/log.txt" || echo "eval-wm of $WM_FROM failed" | tee -a "$OUT/log.txt"
+fi
 if [ -n "${ALSO_PID:-}" ]; then
   wait "$ALSO_PID" || echo "train-wm with ${WM_ALSO} failed (see $OUT/wm-also.log)" | tee -a "$OUT/log.txt"
   grep -v "it/s]" "$OUT/wm-also.log" | tail -3 | tee -a "$OUT/log.txt"
@@ -159,11 +165,14 @@ def ev(folder="eval"):
     print(f"rollout {m['rollout_frames_per_second']:.1f} frames/s with {m['num_envs']} envs; LPIPS/FID/FVD: {m['lpips']}")
     if m.get("counterfactual"):
         print("counterfactual (the simulator under the same swapped actions; PSNR in dB):")
-        print(f"{'horizon':>7} {'eps':>4} {'model vs sim':>12} {'blind':>7} {'gain':>6} {'SE':>5} {'sim effect':>10} {'sim replay':>10}")
+        print(f"{'horizon':>7} {'eps':>4} {'model vs sim':>12} {'blind':>7} {'gain':>6} {'SE':>5} {'factual':>7} {'following':>9} "
+              f"{'sim effect':>10} {'sim replay':>10}")
         for h, r in m["counterfactual"].items():
             print(f"{h:>7} {r['episodes']:>4} {r['counterfactual_psnr']:12.2f} {r['blind_psnr']:7.2f} {r['counterfactual_gain']:6.2f} "
-                  f"{r['counterfactual_gain_stderr']:5.2f} {r['simulator_action_effect_psnr']:10.2f} {r['replay_psnr']:10.2f}")
-        print("gain: model vs sim minus blind (its own-action frames vs the sim under the swap); > 0: it moves the scene as the actions say")
+                  f"{r['counterfactual_gain_stderr']:5.2f} {r['factual_psnr']:7.2f} {r['action_following']:9.2f} "
+                  f"{r['simulator_action_effect_psnr']:10.2f} {r['replay_psnr']:10.2f}")
+        print("gain: model vs sim minus blind (its own-action frames vs the sim under the swap); following: gain / (factual - blind),")
+        print("the share of the actions' effect the model reproduces (1: as accurate under other actions as under the recorded ones)")
     tasks = m.get("per_task") or {}
     if tasks:
         first, last = min(m["horizons"], key=int), max(m["horizons"], key=int)
@@ -173,7 +182,7 @@ def ev(folder="eval"):
             still = rows[last]["psnr_still"] if last in rows else float("nan")
             n = rows[first]["episodes"] if first in rows else 0
             print(f"  {task[:44]:<44} n={n:<3} " + "  ".join(cells) + f"  still {still:6.2f}")
-    if folder.startswith(("eval-memory-noise", "eval-action-guidance")):  # the same model and episodes as eval: paired
+    if folder.startswith(("eval-memory-noise", "eval-action-guidance", "eval-from")):  # the same episodes as eval: paired
         from worldloop.worldmodel.evaluate import paired_change
         base = json.loads((out / "eval" / "metrics.json").read_text())
         for key in ("psnr", "action_delta_psnr"):

@@ -9,6 +9,10 @@ actions, so the frames the model should have drawn exist. Per horizon h (frames 
 - ``blind_psnr``: the model under the episode's *own* actions against the simulator under the swapped ones,
   i.e. what a model that ignored the swap would score; ``counterfactual_gain`` = the difference, with its
   standard error over episodes (paired): > 0 when the model moves the scene the way the actions say;
+- ``factual_psnr``: the model under the episode's own actions against the simulator under them (the model's
+  accuracy where it is trained, free of the recording's video-codec loss), and ``action_following`` =
+  (counterfactual - blind) / (factual - blind): the share of the actions' effect the model reproduces (1: it is
+  as accurate under other actions as under the recorded ones; 0: it ignores them);
 - ``simulator_action_effect_psnr``: the recorded frames against the simulator's swapped ones, how much the
   swap changes the scene at all (low: a large effect, which the model's ΔPSNR should approach);
 - ``replay_psnr``: the simulator under the episode's own actions against the recorded frames, the check
@@ -104,6 +108,7 @@ def counterfactual_metrics(
     and the simulator still running under both action sequences) and the episodes that reach frame h."""
     curves = {
         "counterfactual_psnr": psnr(other, simulated_other), "blind_psnr": psnr(generated, simulated_other),
+        "factual_psnr": psnr(generated, simulated_own),
         "simulator_action_effect_psnr": psnr(real, simulated_other), "replay_psnr": psnr(simulated_own, real),
     }  # fmt: skip
     rows = {}
@@ -115,7 +120,9 @@ def counterfactual_metrics(
         per_episode = {key: (curve[episodes, :h].double() * mask).sum(1) / mask.sum(1) for key, curve in curves.items()}
         gain = per_episode["counterfactual_psnr"] - per_episode["blind_psnr"]
         row = {key: float(values.mean()) for key, values in per_episode.items()}
+        reachable = row["factual_psnr"] - row["blind_psnr"]  # what following the actions perfectly would gain
         row |= {"counterfactual_gain": float(gain.mean()), "episodes": int(episodes.sum()),
-                "counterfactual_gain_stderr": float(gain.std() / math.sqrt(len(gain))) if len(gain) > 1 else float("nan")}
+                "counterfactual_gain_stderr": float(gain.std() / math.sqrt(len(gain))) if len(gain) > 1 else float("nan"),
+                "action_following": float(gain.mean()) / reachable if reachable > 0 else float("nan")}
         rows[str(h)] = row
     return rows

@@ -198,12 +198,12 @@ def mean_finite(values: torch.Tensor, weights: torch.Tensor) -> float:
     return float((values.nan_to_num() * weights).sum() / weights.sum()) if weights.sum() > 0 else float("nan")
 
 
-def strip(real: torch.Tensor, generated: torch.Tensor, every: int = 8) -> np.ndarray:
-    """One PNG-able image: every ``every``-th frame, real on top, generated below."""
-    picks = list(range(every - 1, real.shape[0], every)) or [real.shape[0] - 1]
-    top = torch.cat([real[i] for i in picks], dim=1)
-    bottom = torch.cat([generated[i] for i in picks], dim=1)
-    return torch.cat([top, bottom], dim=0).numpy()
+def strip(*videos: torch.Tensor, every: int = 8) -> np.ndarray:
+    """One PNG-able image: every ``every``-th frame of each (T, H, W, 3) video, one row per video (real on top,
+    generated below)."""
+    length = videos[0].shape[0]
+    picks = list(range(every - 1, length, every)) or [length - 1]
+    return torch.cat([torch.cat([video[i] for i in picks], dim=1) for video in videos], dim=0).numpy()
 
 
 def evaluate_world_model(
@@ -252,7 +252,12 @@ def evaluate_world_model(
 
         simulated_other, running_other = simulate(sim_config, episodes, drivers, max(usable))
         simulated_own, running_own = simulate(sim_config, episodes, episodes, max(usable))
-        metrics["counterfactual"] = counterfactual_metrics(real, generated, other, simulated_other, simulated_own, valid & running_other & running_own, usable)
+        compared = valid & running_other & running_own
+        metrics["counterfactual"] = counterfactual_metrics(real, generated, other, simulated_other, simulated_own, compared, usable)
+        for i in range(min(videos, len(episodes))):  # rows: recorded, model (own actions), simulator and model under the swap
+            n = int(compared[i].sum())
+            if n:
+                Image.fromarray(strip(real[i, :n], generated[i, :n], simulated_other[i, :n], other[i, :n])).save(out / f"episode_{i:02d}_counterfactual.png")
     for i in range(min(videos, len(episodes))):
         n = int(valid[i].sum())
         if n == 0:
