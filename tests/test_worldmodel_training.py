@@ -288,6 +288,21 @@ def test_horizon_metrics_margin_stderr_is_over_episodes():
     assert row["ssim_margin_stderr"] >= 0
 
 
+def test_sharpness_counts_fine_detail_that_psnr_forgives():
+    """One bright pixel on black: its 4-neighbour Laplacian sums to 8 (in [0, 1] units) over the 6x6 interior.
+    A model that draws the frame exactly is as sharp as it (ratio 1); one that draws flat grey, none (ratio 0)."""
+    from worldloop.worldmodel.evaluate import horizon_metrics
+    from worldloop.worldmodel.metrics import sharpness
+
+    real = torch.zeros(1, 2, 8, 8, 3, dtype=torch.uint8)
+    real[:, :, 4, 4] = 255
+    assert sharpness(real)[0].tolist() == pytest.approx([8 / 36, 8 / 36])
+    valid = torch.ones(1, 2, dtype=torch.bool)
+    assert horizon_metrics(real, real.clone(), real, valid, [2])["2"]["sharpness_ratio"] == pytest.approx(1.0)
+    flat = torch.full_like(real, 4)  # PSNR 34 dB against the real frames, and no detail at all
+    assert horizon_metrics(real, flat, real, valid, [2])["2"]["sharpness_ratio"] == 0.0
+
+
 def test_per_task_metrics_separate_a_scene_the_model_renders_badly():
     """Two tasks: the model is exact on one and off by 20 grey levels on the other. Each task's row sees
     only its own episodes; the pooled row averages them; a single task gives no breakdown."""

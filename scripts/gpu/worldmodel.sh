@@ -16,6 +16,7 @@
 # EVAL_MEMORY_NOISE ("": extra eval-wm runs, one per world_model.memory_noise level, e.g. "0.1 0.2"),
 # EVAL_ACTION_GUIDANCE ("": extra eval-wm runs, one per world_model.action_guidance scale, e.g. "1.5 2 3"; the
 # model must have trained with world_model.action_dropout > 0, e.g. EXTRA="... world_model.action_dropout=0.1"),
+# EVAL_SAMPLING_STEPS ("": extra eval-wm runs, one per world_model.sampling_steps value, e.g. "10 20"),
 # EVAL_COUNTERFACTUAL (1: eval-wm --counterfactual, the simulator driven by the same swapped actions; 0: off),
 # EVAL_FROM (1: with WM_FROM and WM_SECONDS > 0, eval-wm of the carried model as it came too, into eval-from),
 # MORE_DATA (more dataset folders, e.g. a policy's rollouts: the world model trains on them too and
@@ -114,17 +115,16 @@ if [ -n "${ALSO_PID:-}" ]; then
   evaluate_on_held_out "$OUT/wm-also" eval-also
 fi
 
-# 3b. the same with the memory latent noised at every rollout step (world_model.memory_noise), per level
-for LEVEL in ${EVAL_MEMORY_NOISE:-}; do
-  timeout 300 $PY -m worldloop eval-wm --world-model "$OUT/wm" --dataset "$DATA" --out "$OUT/eval-memory-noise-$LEVEL" "${COMMON[@]}" \
-    world_model.memory_noise=$LEVEL 2>&1 | tail -3 | tee -a "$OUT/log.txt" || echo "eval-wm memory_noise=$LEVEL failed" | tee -a "$OUT/log.txt"
-done
-
-# 3c. the same sampled with action guidance, per scale (does the model follow its actions more: action dPSNR)
-for SCALE in ${EVAL_ACTION_GUIDANCE:-}; do
-  timeout 300 $PY -m worldloop eval-wm --world-model "$OUT/wm" --dataset "$DATA" --out "$OUT/eval-action-guidance-$SCALE" "${COMMON[@]}" \
-    world_model.action_guidance=$SCALE 2>&1 | tail -3 | tee -a "$OUT/log.txt" || echo "eval-wm action_guidance=$SCALE failed" | tee -a "$OUT/log.txt"
-done
+# 3b. the same model sampled otherwise, on the same episodes (paired in the summary), one eval-wm per value:
+#     the memory latent noised at every rollout step, action guidance (does it follow its actions more), more
+#     sampler steps (are its frames sharper: sharpness ratio)
+eval_variant() {  # OPTION VALUE FOLDER
+  timeout 300 $PY -m worldloop eval-wm --world-model "$OUT/wm" --dataset "$DATA" --out "$OUT/$3" "${COMMON[@]}" \
+    "world_model.$1=$2" 2>&1 | tail -3 | tee -a "$OUT/log.txt" || echo "eval-wm $1=$2 failed" | tee -a "$OUT/log.txt"
+}
+for LEVEL in ${EVAL_MEMORY_NOISE:-}; do eval_variant memory_noise "$LEVEL" "eval-memory-noise-$LEVEL"; done
+for SCALE in ${EVAL_ACTION_GUIDANCE:-}; do eval_variant action_guidance "$SCALE" "eval-action-guidance-$SCALE"; done
+for STEPS in ${EVAL_SAMPLING_STEPS:-}; do eval_variant sampling_steps "$STEPS" "eval-sampling-steps-$STEPS"; done
 
 # 4. throughput (random weights)
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
@@ -153,15 +153,16 @@ def ev(folder="eval"):
     m = json.loads((out / folder / "metrics.json").read_text())
     print(f"{folder} (memory_noise {m['sampling'].get('memory_noise', 0.0)}, action_guidance {m['sampling'].get('action_guidance', 1.0)}):")
     print(f"{'horizon':>7} {'eps':>4} {'PSNR':>7} {'copy':>7} {'margin SE':>9} {'SSIM':>7} {'copy':>7} {'margin SE':>9} "
-          f"{'action dPSNR':>12} {'SE':>5} {'still PSNR':>10}  beats copy-last-frame?")
+          f"{'action dPSNR':>12} {'SE':>5} {'still PSNR':>10} {'sharpness':>9}  beats copy-last-frame?")
     for h, r in m["horizons"].items():
         ok = r["psnr"] > r["copy_last_frame_psnr"] and r["ssim"] > r["copy_last_frame_ssim"]
         print(f"{h:>7} {r['episodes']:>4} {r['psnr']:7.2f} {r['copy_last_frame_psnr']:7.2f} {r.get('psnr_margin_stderr', float('nan')):9.2f} "
               f"{r['ssim']:7.4f} {r['copy_last_frame_ssim']:7.4f} {r.get('ssim_margin_stderr', float('nan')):9.4f} "
               f"{r.get('action_delta_psnr', float('nan')):12.2f} {r.get('action_delta_psnr_stderr', float('nan')):5.2f} "
-              f"{r.get('psnr_still', float('nan')):10.2f}  {'yes' if ok else 'NO'}")
+              f"{r.get('psnr_still', float('nan')):10.2f} {r.get('sharpness_ratio', float('nan')):9.2f}  {'yes' if ok else 'NO'}")
     print("action dPSNR: PSNR lost when each episode is replayed with the next one's actions (near 0: the model ignores them)")
     print("still PSNR: where the real frame still equals the first one (the table, untouched objects); copy-last-frame is exact there")
+    print("sharpness: the model's fine detail (mean |Laplacian|) over the real frames' (1: as sharp; PSNR forgives blur, a policy may not)")
     print(f"rollout {m['rollout_frames_per_second']:.1f} frames/s with {m['num_envs']} envs; LPIPS/FID/FVD: {m['lpips']}")
     if m.get("counterfactual"):
         print("counterfactual (the simulator under the same swapped actions; PSNR in dB):")
@@ -182,7 +183,7 @@ def ev(folder="eval"):
             still = rows[last]["psnr_still"] if last in rows else float("nan")
             n = rows[first]["episodes"] if first in rows else 0
             print(f"  {task[:44]:<44} n={n:<3} " + "  ".join(cells) + f"  still {still:6.2f}")
-    if folder.startswith(("eval-memory-noise", "eval-action-guidance", "eval-from")):  # the same episodes as eval: paired
+    if folder.startswith(("eval-memory-noise", "eval-action-guidance", "eval-sampling-steps", "eval-from")):  # the same episodes as eval: paired
         from worldloop.worldmodel.evaluate import paired_change
         base = json.loads((out / "eval" / "metrics.json").read_text())
         for key in ("psnr", "action_delta_psnr"):

@@ -60,9 +60,9 @@ class ExpertConfig:
     """Std of Gaussian noise added to every expert action of a noisy episode (actions live in [-1, 1])."""
     noise_hold_steps: int = 1
     """Steps each noise draw is held for (1: white noise, a new draw every step). Meta-World moves the arm by
-    ~1 cm per unit action and step, so white noise averages out within a chunk and the arm follows the expert
-    whatever its actions; noise held for a chunk (8) pushes it visibly where the actions say, data from which a
-    world model must learn to read its actions (eval-wm --counterfactual measures how much it does)."""
+    ~1 cm per unit action and step, so white noise largely averages out within a chunk; noise held for a chunk
+    (8) pushes the arm visibly off the expert's path, where only the actions say where it goes (how much a
+    world model follows its actions: eval-wm --counterfactual)."""
     perturb_prob: float = 0.0
     """Probability that a noisy episode contains one perturbation, after which the expert resumes."""
     perturb_steps: int = 20

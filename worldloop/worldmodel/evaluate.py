@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from worldloop.utils.io import atomic_write_json
-from worldloop.worldmodel.metrics import feature_metrics_status, masked_psnr, psnr, ssim
+from worldloop.worldmodel.metrics import feature_metrics_status, masked_psnr, psnr, sharpness, ssim
 from worldloop.worldmodel.rollout import WorldModel
 
 
@@ -88,11 +88,13 @@ def horizon_metrics(
     other_actions: torch.Tensor | None = None,
 ) -> dict[str, Any]:
     """PSNR/SSIM averaged over frames 1..h, per horizon, for the model and copy-last-frame, and the
-    standard error over episodes of the model's margin (model - copy, each episode's mean over 1..h).
+    standard error over episodes of the model's margin (model - copy, each episode's mean over 1..h), and the
+    model's sharpness over the real frames' (``metrics.sharpness``; 1: as much fine detail, < 1: blurrier).
     With ``other_actions`` (the model's frames under other episodes' actions): their PSNR and the
     action ΔPSNR (model - other actions) with its standard error over episodes. ``baseline`` is the first
     frame repeated (copy-last-frame in open loop): ``psnr_still`` is measured where the real frame equals it."""
     model_psnr, model_ssim = psnr(generated, real), ssim(generated, real)  # (N, T)
+    model_sharpness, real_sharpness = sharpness(generated), sharpness(real)
     still = (real.short() - baseline.short()).abs().amax(dim=-1) <= STILL_TOLERANCE  # (N, T, H, W)
     still_psnr = masked_psnr(generated, real, still)  # NaN where nothing stayed still
     base_psnr, base_ssim = psnr(baseline, real), ssim(baseline, real)
@@ -117,6 +119,7 @@ def horizon_metrics(
             "ssim": mean(model_ssim), "copy_last_frame_ssim": mean(base_ssim), "ssim_margin_stderr": margin_stderr(model_ssim, base_ssim),
             "psnr_at_h": float(model_psnr[episodes, h - 1].mean()), "copy_last_frame_psnr_at_h": float(base_psnr[episodes, h - 1].mean()),
             "psnr_still": mean(still_psnr), "still_fraction": mean(still.float().mean(dim=(-2, -1))),
+            "sharpness_ratio": mean(model_sharpness) / mean(real_sharpness) if mean(real_sharpness) > 0 else float("nan"),
         }  # fmt: skip
         if other_psnr is not None:
             row, other = results[str(h)], mean(other_psnr)
