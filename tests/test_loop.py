@@ -92,6 +92,8 @@ def test_loop_runs_every_stage_resumes_and_reports(tmp_path, capsys):
     lines = [line for line in text.splitlines() if line.startswith(("- stage1 @", "- stage2 @")) and "PSNR" in line]
     assert tracked and len(lines) == len(tracked)
     assert all(f"PSNR {e['tracking'][0]['psnr']:.1f}" in line for line, e in zip(lines, tracked)), lines
+    # the policy's choices on the real frames through the world model's VAE (the real one has a VAE; the toys do not)
+    assert all(0 <= row["token_agreement_reconstructed"] <= 1 for e in tracked for row in e["tracking"])
     # and where the gap came from: the judge on the real frames, the world model replaying the real actions, the closed loop
     sourced = [e for e in evaluations if e.get("gap_sources")]
     lines = [line for line in text.splitlines() if line.startswith(("- stage1 @", "- stage2 @")) and "against the simulator" in line]

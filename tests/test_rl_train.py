@@ -496,9 +496,19 @@ def test_trajectory_tracking_on_hand_made_rollouts():
 
     def rollout(images, tokens, success):
         zeros = torch.zeros(n, t)
-        return Rollout(images, ["x"] * n, tokens, zeros[..., None, None].expand(n, t, 2, 1), zeros, done, done, success, torch.zeros(n))
+        return Rollout(images, [f"task {i}" for i in range(n)], tokens, zeros[..., None, None].expand(n, t, 2, 1), zeros, done, done, success, torch.zeros(n))
 
-    rows = trajectory_tracking(rollout(images, tokens, success), rollout(other, other_tokens, imagined_success), ["a"] * n)
+    asked = []
+
+    def on_reconstructed(frames, instructions):  # the policy on the VAE's reconstructions: one token of the first episode differs
+        asked.append((frames.shape[0], instructions))
+        chosen = torch.zeros(frames.shape[0], 2, 1, dtype=torch.long)
+        chosen[0, 1, 0] = 3
+        return chosen
+
+    rows = trajectory_tracking(rollout(images, tokens, success), rollout(other, other_tokens, imagined_success), ["a"] * n, on_reconstructed)
+    assert asked == [(3, ["task 0", "task 1", "task 2"])] * 2  # the real frames of the episodes still running
+    assert [row["token_agreement_reconstructed"] for row in rows] == [pytest.approx(5 / 6)] * 2
     assert [(r["chunks"], r["episodes_running"]) for r in rows] == [(1, 3), (2, 3)]
     assert rows[0]["psnr"] == pytest.approx(100.0) and rows[1]["psnr"] < 10.0  # identical, then inverted frames
     assert rows[0]["token_agreement"] == pytest.approx(5 / 6) and rows[1]["token_agreement"] == 1.0

@@ -288,6 +288,16 @@ def test_horizon_metrics_margin_stderr_is_over_episodes():
     assert row["ssim_margin_stderr"] >= 0
 
 
+def test_reconstruct_encodes_and_decodes_each_frame_on_its_own(vae):
+    from worldloop.worldmodel.vae import decode, encode, reconstruct
+
+    frames = torch.stack([torch.as_tensor(e.frames[3]) for e in square_episodes(3, seed=5)])
+    out = reconstruct(vae, frames)
+    assert out.shape == frames.shape and out.dtype == torch.uint8
+    assert torch.equal(out[1:2], decode(vae, encode(vae, frames[1:2, None]))[:, 0])  # a batch changes nothing
+    assert torch.equal(reconstruct(vae, frames[2:]), out[2:])
+
+
 def test_sharpness_counts_fine_detail_that_psnr_forgives():
     """One bright pixel on black: its 4-neighbour Laplacian sums to 8 (in [0, 1] units) over the 6x6 interior.
     A model that draws the frame exactly is as sharp as it (ratio 1); one that draws flat grey, none (ratio 0)."""

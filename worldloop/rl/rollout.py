@@ -7,7 +7,7 @@ import contextlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -216,6 +216,20 @@ class RealityCheck:
         self.labelled: LabelledEpisodes | None = None  # calibrate_judge's real episodes
         self.video_dir, self.videos_per_task = (Path(video_dir) if video_dir is not None else None), videos_per_task
 
+    def _tokens_on_reconstructed(self, policy: Any) -> Callable[[torch.Tensor, list[str]], torch.Tensor] | None:
+        """The policy's tokens on frames encoded and decoded by the imagined env's world-model VAE (None without one)."""
+        vae = getattr(getattr(self.imagined_env, "world_model", None), "vae", None)
+        if vae is None:
+            return None
+        from worldloop.worldmodel.vae import reconstruct
+
+        def tokens(frames: torch.Tensor, instructions: list[str]) -> torch.Tensor:
+            device = policy_device(policy)
+            with autocast(device):
+                return policy.act(reconstruct(vae, frames).to(device), instructions, temperature=self.temperature, greedy=self.greedy).tokens
+
+        return tokens
+
     def __call__(self, policy: Any, tag: str = "eval") -> dict[str, Any]:
         """Real and imagined success of ``policy``; ``tag`` names this evaluation's videos."""
         judge = getattr(self.imagined_env, "judge", None)
@@ -229,7 +243,7 @@ class RealityCheck:
             result["imagined"] = summarize(imagined.success_once, self.task_of_episode)
             # per episode, beyond what each task's success rate alone explains (kappa 0: RL's reward is noise)
             result |= self._versus_real(real.success_once, imagined.success_once)
-            result["tracking"] = trajectory_tracking(real, imagined, self.task_of_episode)
+            result["tracking"] = trajectory_tracking(real, imagined, self.task_of_episode, self._tokens_on_reconstructed(policy))
             replayed = replay(self.imagined_env, first, real)
             sources = {"replayed": replayed.success}
             if judge is not None:
@@ -418,7 +432,9 @@ def replay(env: Any, first: EnvReset, real: Rollout | LabelledEpisodes) -> Repla
     return Replay(success, probability, torch.stack(images, dim=1))
 
 
-def trajectory_tracking(real: Rollout, imagined: Rollout, tasks: Sequence[str]) -> list[dict[str, Any]]:
+def trajectory_tracking(
+    real: Rollout, imagined: Rollout, tasks: Sequence[str], tokens_on_reconstructed: Callable[[torch.Tensor, list[str]], torch.Tensor] | None = None,
+) -> list[dict[str, Any]]:
     """How long imagination follows the real trajectory, from the same initial states under the same
     policy, after 1, 2, 4, 8, ... chunks: the PSNR of the imagined observation against the real one,
     over the episodes still running in both, beside the PSNR of the initial frame against the real one
@@ -426,7 +442,9 @@ def trajectory_tracking(real: Rollout, imagined: Rollout, tasks: Sequence[str]) 
     policy chooses alike from the two observations (1 at the start, where they are the same frame: low
     while the PSNR is still high means the policy reacts to the world model's artefacts); and how well
     "succeeded by then" agrees beyond chance (Cohen's kappa within tasks). Greedy policies make the two
-    comparable: sampling draws different actions in the two worlds."""
+    comparable: sampling draws different actions in the two worlds. With ``tokens_on_reconstructed`` (the
+    policy's tokens on the real observations passed through the world model's VAE), the share of tokens the
+    policy keeps on those too: how much of its other choices the VAE's loss of detail alone explains."""
     from worldloop.worldmodel.metrics import psnr
 
     rows = []
@@ -449,6 +467,10 @@ def trajectory_tracking(real: Rollout, imagined: Rollout, tasks: Sequence[str]) 
             "kappa": agreement["kappa"],
             "kappa_stderr": agreement["kappa_stderr"],
         })  # fmt: skip
+        if tokens_on_reconstructed is not None:
+            instructions = [real.instructions[i] for i in running.nonzero().flatten().tolist()]
+            reconstructed = tokens_on_reconstructed(real_now, instructions).to(real.tokens.device)
+            rows[-1]["token_agreement_reconstructed"] = float((real.tokens[running, chunks] == reconstructed).float().mean())
         chunks *= 2
     return rows
 
@@ -460,7 +482,9 @@ def tracking_line(rows: list[dict[str, Any]]) -> str:
         return "/".join("-" if row.get(key) is None else pattern.format(row[key]) for row in rows)
 
     return (f"imagined vs real after {joined('chunks', '{}')} chunks: PSNR {joined('psnr')} dB "
-            f"(initial frame {joined('psnr_initial_frame')}), same action tokens {joined('token_agreement', '{:.2f}')}, "
+            f"(initial frame {joined('psnr_initial_frame')}), same action tokens {joined('token_agreement', '{:.2f}')}"
+            + (f" (on the real frames through the VAE {joined('token_agreement_reconstructed', '{:.2f}')})" if any("token_agreement_reconstructed" in r for r in rows) else "")
+            + ", "
             f"success-by-then kappa {joined('kappa', '{:.2f}')}")
 
 

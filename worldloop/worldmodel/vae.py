@@ -126,6 +126,14 @@ def decode(vae, latents: torch.Tensor) -> torch.Tensor:
     return pixels_to_frames(vae.decode(raw).sample)
 
 
+@torch.no_grad()
+def reconstruct(vae, frames: torch.Tensor) -> torch.Tensor:
+    """uint8 frames (N, H, W, 3), each encoded and decoded on its own (a one-frame clip) on the VAE's device ->
+    uint8 (N, H, W, 3) on the frames' device: what the VAE keeps of a single observation."""
+    device = next(vae.parameters()).device
+    return decode(vae, encode(vae, frames[:, None].to(device)))[:, 0].to(frames.device)
+
+
 class StreamingDecoder:
     """Decode latent frames chunk by chunk, keeping the causal decoder cache between calls.
 
