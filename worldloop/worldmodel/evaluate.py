@@ -113,13 +113,14 @@ def horizon_metrics(
             per_episode = ((model - copy)[episodes, :h] * mask).sum(1) / mask.sum(1)
             return float(per_episode.std() / math.sqrt(len(per_episode))) if len(per_episode) > 1 else float("nan")
 
+        real_detail = mean(real_sharpness)
         results[str(h)] = {
             "episodes": int(episodes.sum()),
             "psnr": mean(model_psnr), "copy_last_frame_psnr": mean(base_psnr), "psnr_margin_stderr": margin_stderr(model_psnr, base_psnr),
             "ssim": mean(model_ssim), "copy_last_frame_ssim": mean(base_ssim), "ssim_margin_stderr": margin_stderr(model_ssim, base_ssim),
             "psnr_at_h": float(model_psnr[episodes, h - 1].mean()), "copy_last_frame_psnr_at_h": float(base_psnr[episodes, h - 1].mean()),
             "psnr_still": mean(still_psnr), "still_fraction": mean(still.float().mean(dim=(-2, -1))),
-            "sharpness_ratio": mean(model_sharpness) / mean(real_sharpness) if mean(real_sharpness) > 0 else float("nan"),
+            "sharpness_ratio": mean(model_sharpness) / real_detail if real_detail > 0 else float("nan"),
         }  # fmt: skip
         if other_psnr is not None:
             row, other = results[str(h)], mean(other_psnr)
@@ -229,14 +230,18 @@ def evaluate_world_model(
     skipped = sorted(h for h in horizons if h > longest)
     if not usable:
         raise ValueError(f"eval-wm: every horizon {list(horizons)} is longer than the longest held-out episode ({longest} frames after the first)")
+    if sim_config is not None:  # before minutes of rollouts
+        from worldloop.worldmodel.counterfactual import counterfactual_metrics, recorded_starts, simulate
+
+        if len(episodes) < 2:
+            raise ValueError("eval-wm: the simulator check swaps actions between episodes and needs at least 2 held-out episodes")
+        recorded_starts(episodes)
     real, generated, valid, rollout_fps = open_loop(model, episodes, max(usable), seed)
     first = torch.stack([torch.as_tensor(np.asarray(e.frames[0])) for e in episodes])
     baseline = first[:, None].expand_as(real)
     other, drivers = None, list(episodes[1:]) + [episodes[0]]
     if len(episodes) > 1:  # the same starts and seeds, each driven by the next episode's actions
         _, other, _, _ = open_loop(model, episodes, max(usable), seed, actions_of=drivers)
-    elif sim_config is not None:
-        raise ValueError("eval-wm: the simulator check swaps actions between episodes and needs at least 2 held-out episodes")
     metrics: dict[str, Any] = {
         "horizons": horizon_metrics(real, generated, baseline, valid, usable, other),
         "per_task": per_task_metrics(episodes, real, generated, baseline, valid, usable, other),
@@ -250,22 +255,19 @@ def evaluate_world_model(
                      "action_guidance": model.action_guidance},
         "model": {k: model.spec[k] for k in ("size", "image_size", "memory_frames", "reference_frame", "context_channels", "null_actions")},
     }
-    if sim_config is not None:
-        from worldloop.worldmodel.counterfactual import counterfactual_metrics, simulate
-
-        simulated_other, running_other = simulate(sim_config, episodes, drivers, max(usable))
-        simulated_own, running_own = simulate(sim_config, episodes, episodes, max(usable))
+    if sim_config is not None:  # both action sequences in one simulator run of 2N environments
+        simulated, running = simulate(sim_config, list(episodes) * 2, drivers + list(episodes), max(usable))
+        (simulated_other, simulated_own), (running_other, running_own) = simulated.chunk(2), running.chunk(2)
         compared = valid & running_other & running_own
         metrics["counterfactual"] = counterfactual_metrics(real, generated, other, simulated_other, simulated_own, compared, usable)
-        for i in range(min(videos, len(episodes))):  # rows: recorded, model (own actions), simulator and model under the swap
-            n = int(compared[i].sum())
-            if n:
-                Image.fromarray(strip(real[i, :n], generated[i, :n], simulated_other[i, :n], other[i, :n])).save(out / f"episode_{i:02d}_counterfactual.png")
     for i in range(min(videos, len(episodes))):
         n = int(valid[i].sum())
         if n == 0:
             continue
         write_mp4(out / f"episode_{i:02d}_real_vs_generated.mp4", side_by_side(real[i, :n], generated[i, :n]), fps=fps)
         Image.fromarray(strip(real[i, :n], generated[i, :n])).save(out / f"episode_{i:02d}_strip.png")
+        n = int(compared[i].sum()) if sim_config is not None else 0
+        if n:  # rows: recorded, model (own actions), simulator and model under the swap
+            Image.fromarray(strip(real[i, :n], generated[i, :n], simulated_other[i, :n], other[i, :n])).save(out / f"episode_{i:02d}_counterfactual.png")
     atomic_write_json(out / "metrics.json", metrics)
     return metrics
