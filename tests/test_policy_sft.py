@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from _policy_fixtures import CLOSE, OPEN, IMAGE, images, synthetic_episodes, tiny_config
 from worldloop.policies.modeling_vla import CompactVLA
-from worldloop.policies.sft import action_chunks, fit_policy, random_blur, random_shift, select_episodes
+from worldloop.policies.sft import (
+    Samples,
+    action_chunks,
+    build_samples,
+    fit_policy,
+    held_out_metrics,
+    random_blur,
+    random_reconstructed,
+    random_shift,
+    select_episodes,
+)
+from worldloop.policies.tokenizer import ActionTokenizer
 
 
 def test_action_chunks_repeat_the_last_action():
@@ -87,3 +100,59 @@ def test_resume_is_exact(tmp_path):
 def test_unknown_instruction_in_episodes_is_an_error(tmp_path):
     with pytest.raises(ValueError):
         fit_policy(tiny_config("sft.steps=1"), synthetic_episodes(2), [], tmp_path / "m", [OPEN], IMAGE, 4)
+
+
+def test_random_reconstructed_swaps_a_share_of_frames_reproducibly():
+    frames = torch.zeros(64, 4, 4, 3, dtype=torch.uint8)
+    reconstructed = torch.full_like(frames, 200)
+    mixed = random_reconstructed(frames, reconstructed, 0.5, torch.Generator().manual_seed(1))
+    swapped = (mixed == 200).flatten(1).all(dim=1)
+    assert 16 < int(swapped.sum()) < 48 and bool(((mixed == 0) | (mixed == 200)).all())  # whole frames, about half
+    assert torch.equal(mixed, random_reconstructed(frames, reconstructed, 0.5, torch.Generator().manual_seed(1)))
+    assert torch.equal(random_reconstructed(frames, reconstructed, 1.0, torch.Generator()), reconstructed)
+    with pytest.raises(ValueError, match="augment_codec is a share of frames"):
+        tiny_config("sft.augment_codec=-0.1")
+
+
+def test_codec_token_agreement_is_one_only_where_the_frames_are_kept(tmp_path):
+    config = tiny_config("sft.steps=2")
+    policy = CompactVLA(config.policy, 4, IMAGE, ActionTokenizer.fit(torch.randn(64, 4), [1.0, 99.0], 256))
+    policy.add_instructions([OPEN, CLOSE])
+    samples = build_samples(synthetic_episodes(2, length=8), 8, [OPEN, CLOSE])
+    tokens = policy.tokenizer.encode(samples.chunks)
+    kept = Samples(samples.frames, samples.chunks, samples.instruction_ids, samples.instructions, samples.frames.clone())
+    assert held_out_metrics(policy, kept, tokens, 4) | {"loss": 0, "token_accuracy": 0} == {
+        "loss": 0, "token_accuracy": 0, "codec_token_agreement": 1.0, "codec_token_distance": 0.0}
+    noise = torch.randint(0, 256, samples.frames.shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    changed = Samples(samples.frames, samples.chunks, samples.instruction_ids, samples.instructions, noise)
+    metrics = held_out_metrics(policy, changed, tokens, 4)
+    assert metrics["codec_token_agreement"] < 1.0 and metrics["codec_token_distance"] > 0  # an untrained policy: most tokens alike anyway
+    assert "codec_token_agreement" not in held_out_metrics(policy, samples, tokens, 4)
+
+
+def test_sft_through_a_world_models_vae(tmp_path):
+    """--world-model: the held-out agreement is measured, augment_codec trains on the VAE's frames (other
+    weights than without it), resumes exactly, and refuses a world model of another resolution."""
+    from _worldmodel_fixtures import tiny_vae
+
+    tiny_vae().save_pretrained(tmp_path / "wm" / "vae")
+    (tmp_path / "wm" / "config.json").write_text(json.dumps({"kind": "world_model", "image_size": IMAGE}))
+    train, held = synthetic_episodes(4, length=6), synthetic_episodes(2, seed=1, length=6)
+    args = ([OPEN, CLOSE], IMAGE, 4)
+    base = tiny_config("sft.steps=4", "sft.checkpoint_every=100", "sft.batch_size=8")
+    codec = tiny_config("sft.steps=4", "sft.checkpoint_every=100", "sft.batch_size=8", "sft.augment_codec=1.0")
+    measured = fit_policy(base, train, held, tmp_path / "base", *args, world_model=tmp_path / "wm")
+    assert 0 <= measured["held_out_codec_token_agreement"] <= 1 and measured["world_model"] == str(tmp_path / "wm")
+    fit_policy(codec, train, held, tmp_path / "codec", *args, world_model=tmp_path / "wm")
+    base_weights, codec_weights = load_file(tmp_path / "base" / "model.safetensors"), load_file(tmp_path / "codec" / "model.safetensors")
+    assert any(not torch.equal(base_weights[k], codec_weights[k]) for k in base_weights)
+    assert fit_policy(codec, train, held, tmp_path / "resumed", *args, stop_after=2, world_model=tmp_path / "wm") == {"stopped_at": 2}
+    fit_policy(codec, train, held, tmp_path / "resumed", *args, world_model=tmp_path / "wm")
+    resumed = load_file(tmp_path / "resumed" / "model.safetensors")
+    assert all(torch.equal(codec_weights[k], resumed[k]) for k in codec_weights)
+
+    with pytest.raises(ValueError, match="give the world model"):
+        fit_policy(codec, train, held, tmp_path / "none", *args)
+    (tmp_path / "wm" / "config.json").write_text(json.dumps({"kind": "world_model", "image_size": 64}))
+    with pytest.raises(ValueError, match="imagines 64x64 frames; the dataset's are 32x32"):
+        fit_policy(codec, train, held, tmp_path / "other", *args, world_model=tmp_path / "wm")

@@ -477,7 +477,7 @@ def test_rates_that_match_but_verdicts_that_do_not_are_diagnosed(tmp_path):
 def test_trajectory_tracking_on_hand_made_rollouts():
     """Rows after 1 and 2 chunks (3 chunks observed); only episodes still running in both count for
     PSNR and actions; "succeeded by then" counts the chunks before."""
-    from worldloop.rl.rollout import Rollout, trajectory_tracking
+    from worldloop.rl.rollout import Rollout, tracking_line, trajectory_tracking
 
     n, t = 4, 3
     generator = torch.Generator().manual_seed(0)
@@ -512,6 +512,9 @@ def test_trajectory_tracking_on_hand_made_rollouts():
     assert [(r["chunks"], r["episodes_running"]) for r in rows] == [(1, 3), (2, 3)]
     assert rows[0]["psnr"] == pytest.approx(100.0) and rows[1]["psnr"] < 10.0  # identical, then inverted frames
     assert rows[0]["token_agreement"] == pytest.approx(5 / 6) and rows[1]["token_agreement"] == 1.0
+    assert rows[0]["token_distance"] == pytest.approx(5 / 6) and rows[1]["token_distance"] == 0.0  # 5 bins on 1 of 6 tokens
+    assert [row["token_distance_reconstructed"] for row in rows] == [pytest.approx(3 / 6)] * 2
+    assert "(0.8/0.0 bins apart)" in tracking_line(rows) and "0.83/0.83, 0.5/0.5 bins apart" in tracking_line(rows)
     assert rows[0]["kappa"] is None  # nobody succeeded in chunk 0: undefined
     assert (rows[1]["real_success_by_then"], rows[1]["imagined_success_by_then"]) == (0.25, 0.5)
     assert rows[1]["kappa"] == pytest.approx(0.5)  # agreement 3/4, chance 1/2

@@ -59,9 +59,12 @@ if [ -n "$MS" ]; then
 fi
 echo "sft steps: 1 demo ${STEPS[1]}, 5 demos ${STEPS[5]}, 20 demos ${STEPS[20]} (sft step ${MS:-?} ms)" | tee -a "$LOG"
 declare -A SFT_LIMIT=([1]=150 [5]=180 [20]=240)
+# SFT_WORLD_MODEL (a world-model folder at the dataset's resolution): each SFT measures how many action tokens
+# the policy keeps on frames through its VAE, and shows sft.augment_codec of its training frames through it
+CODEC=(); [ -n "${SFT_WORLD_MODEL:-}" ] && CODEC=(--world-model "$SFT_WORLD_MODEL")
 for N in ${DEMOS:-1 5 20}; do  # DEMOS: which SFT runs (demonstrations per task)
   step "sft-$N" "${SFT_LIMIT[$N]}" "${WL[@]}" sft "${PRESET[@]}" --dataset "$DATASET" --out "$WORK/sft-$N" --episodes-per-task "$N" \
-    "sft.steps=${STEPS[$N]}" "${SIM[@]}" "${EXTRA[@]}"
+    "${CODEC[@]}" "sft.steps=${STEPS[$N]}" "${SIM[@]}" "${EXTRA[@]}"
   if [ -f "$WORK/sft-$N/model.safetensors" ]; then
     step "eval-sft-$N" 150 "${WL[@]}" eval "${PRESET[@]}" --policy "$WORK/sft-$N" --out "$WORK/eval-sft-$N" --episodes-per-task "$EPISODES" \
       "${SIM[@]}" "${EXTRA[@]}"
@@ -85,11 +88,13 @@ for name in ["eval-expert", "eval-sft-1", "eval-sft-5", "eval-sft-20"]:
     summary[name] = {"results": r | {"seeds": None, "sim": None}, "sft": {k: v for k, v in sft.items() if "episodes" not in k or k == "episodes_per_task"}}
     mode = "expert" if r["policy"] == "expert" else ("greedy" if r["greedy"] else f"T={r['temperature']}")
     held = f"{sft['held_out_loss']:.3f} / {sft['held_out_token_accuracy']:.3f}" if sft.get("held_out_loss") is not None else ""
+    if sft.get("held_out_codec_token_agreement") is not None:
+        held += f" / {sft['held_out_codec_token_agreement']:.3f}"
     timing = f"{sft['seconds']:.0f} s, {sft['seconds_per_step'] * 1000:.0f} ms/step" if sft else ""
     rows.append(f"| {name} ({mode}) | {r['success_once']:.3f} ± {r['stderr']:.3f} | {r['episodes']} | {r['mean_episode_length']:.1f} | {held} | {timing} |")
 tasks = sorted({t for s in summary.values() for t in s["results"]["per_task"]})
 lines = ["# Policy on MT10 (metaworld-gpu, success_once ± stderr)", "",
-         "| policy | success_once | episodes | mean length | held-out loss / token acc | sft time |", "| --- | ---: | ---: | ---: | ---: | ---: |", *rows,
+         "| policy | success_once | episodes | mean length | held-out loss / token acc (/ kept through the VAE) | sft time |", "| --- | ---: | ---: | ---: | ---: | ---: |", *rows,
          "", "| task | " + " | ".join(summary) + " |", "| --- |" + " ---: |" * len(summary)]
 for task in tasks:
     cells = [f"{s['results']['per_task'][task]['success_once']:.2f}" if task in s["results"]["per_task"] else "" for s in summary.values()]

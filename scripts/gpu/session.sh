@@ -37,7 +37,8 @@
 # trains the judge and goes on to RL; see worldmodel.sh),
 # VAE_LAYOUT_BENCH (1: `bench vae-train` during the collection, and the VAE trains in the faster memory layout),
 # WM_FROM (a world-model folder from an earlier lease, vae/ included: the DiT trains on from it, for
-# WM_SECONDS more, on its VAE; no VAE is trained; WM_SECONDS=0: used as it is, so the judge, then RL, need not
+# WM_SECONDS more, on its VAE; no VAE is trained; the SFT runs measure their policies on frames through its VAE and
+# train on them at sft.augment_codec, e.g. EXTRA="... sft.augment_codec=0.5"; WM_SECONDS=0: used as it is, so the judge, then RL, need not
 # wait for a DiT to train: ~4 minutes earlier by the thirteenth session's timeline, not measured yet), CARRY (a folder: once trained, the DiT and the VAE
 # trained here are packed there in 15 MB parts; poll calls copy them to the device's OUT, at most three
 # parts per call (a call returns ~64 MB at most: the eighth session lost its fifth part), and
@@ -120,7 +121,9 @@ if [ ! -f "$DATA/meta/info.json" ]; then mark "no dataset: stopping"; exit 1; fi
 if grep -qx "faster: channels_last" "$OUT/bench/bench_vae_train.txt" 2>/dev/null; then export VAE_CHANNELS_LAST=1; fi
 
 # ---------------------------------------------------------------------------- phase 2
-(OUT="$OUT/policy" EPISODES=$EPISODES bash scripts/gpu/policy.sh "$DATA" >"$OUT/policy.log" 2>&1; mark "policy chain: exit $?") &
+# With a carried world model, SFT measures its policies on the frames through that model's VAE (and trains on them
+# at sft.augment_codec): the VAE of a world model trained in this lease does not exist yet when SFT starts.
+(OUT="$OUT/policy" EPISODES=$EPISODES SFT_WORLD_MODEL=${WM_FROM:-} bash scripts/gpu/policy.sh "$DATA" >"$OUT/policy.log" 2>&1; mark "policy chain: exit $?") &
 policy_chain=$!
 MORE_DATA=""
 if [ "${BASE_ROLLOUTS:-0}" -gt 0 ]; then

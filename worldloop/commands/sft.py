@@ -12,6 +12,8 @@ HELP = "Fine-tune the compact VLA on demonstrations (action-token cross-entropy)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True, help="LeRobot v3 dataset folder (from `worldloop collect`)")
     parser.add_argument("--out", required=True, help="model folder to write (config.json, model.safetensors, norm_stats.json, tb/, checkpoints/)")
+    parser.add_argument("--world-model", default=None, help="world-model (or VAE) folder: held-out token agreement on its VAE's reconstructions, "
+                        "and sft.augment_codec of the training frames shown through it")
     parser.add_argument("--episodes-per-task", type=int, default=None, help="training episodes per task, successful first (1 = one-trajectory SFT; default: sft.episodes_per_task, 0 = all)")
 
 
@@ -21,10 +23,13 @@ def run(args: argparse.Namespace, config: Config) -> int:
     if args.episodes_per_task is not None:
         config.sft.episodes_per_task = args.episodes_per_task
         config.sft.validate()
-    results = train_sft(config, args.dataset, args.out)
+    results = train_sft(config, args.dataset, args.out, world_model=args.world_model)
+    codec = results.get("held_out_codec_token_agreement")
     print(
         f"sft: {results['steps']} steps on {results['train_samples']} samples in {results['seconds']:.0f} s; "
         f"train loss {results['final_train_loss']:.3f}, held-out loss {results['held_out_loss']}, "
-        f"held-out token accuracy {results['held_out_token_accuracy']}; model in {args.out}"
+        f"held-out token accuracy {results['held_out_token_accuracy']}"
+        + (f", tokens kept through the world model's VAE {codec:.3f} ({results['held_out_codec_token_distance']:.2f} bins apart on average)" if codec is not None else "")
+        + f"; model in {args.out}"
     )
     return 0

@@ -75,6 +75,10 @@ class SFTConfig:
     """Share of training frames Gaussian-blurred (sigma 0.1-1.5 px, as the judge's world-model artefacts), so that
     the policy chooses the same actions from a world model's blurrier frames as from the simulator's (0: off).
     Unmeasured on the H200; rl's tracking (same action tokens after 1, 2, 4... chunks) is the measure."""
+    augment_codec: float = 0.0
+    """Share of training frames shown through the world model's VAE (`worldloop sft --world-model`), encoded and
+    decoded, as every imagined frame is: the policy learns to choose the same actions from them as from the
+    simulator's (0: off). The held-out codec_token_agreement measures it."""
     held_out_fraction: float = 0.1
     """Fraction of each task's episodes kept out of training to measure held-out loss and accuracy."""
     held_out_samples: int = 512
@@ -93,6 +97,8 @@ class SFTConfig:
             raise ValueError("warmup_steps, augment_shift, grad_clip and weight_decay must be >= 0")
         if not 0 <= self.augment_blur <= 1:
             raise ValueError(f"augment_blur is a share of frames, in [0, 1]; got {self.augment_blur}")
+        if not 0 <= self.augment_codec <= 1:
+            raise ValueError(f"augment_codec is a share of frames, in [0, 1]; got {self.augment_codec}")
         if self.eval_every < 1 or self.checkpoint_every < 1 or self.held_out_samples < 1:
             raise ValueError("eval_every, checkpoint_every and held_out_samples must be >= 1")
 

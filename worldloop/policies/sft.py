@@ -50,12 +50,19 @@ class Samples:
     instruction_ids: torch.Tensor
     """(N,) int64 index into ``instructions``."""
     instructions: list[str]
+    reconstructed: torch.Tensor | None = None
+    """(N, H, W, 3) uint8: each frame encoded and decoded by a world model's VAE (:func:`with_reconstructions`)."""
 
     def __len__(self) -> int:
         return len(self.frames)
 
     def to(self, device: torch.device) -> Samples:
-        return Samples(self.frames.to(device), self.chunks.to(device), self.instruction_ids.to(device), self.instructions)
+        reconstructed = None if self.reconstructed is None else self.reconstructed.to(device)
+        return Samples(self.frames.to(device), self.chunks.to(device), self.instruction_ids.to(device), self.instructions, reconstructed)
+
+    def subset(self, index: torch.Tensor) -> Samples:
+        reconstructed = None if self.reconstructed is None else self.reconstructed[index]
+        return Samples(self.frames[index], self.chunks[index], self.instruction_ids[index], self.instructions, reconstructed)
 
 
 def action_chunks(actions: torch.Tensor, chunk_size: int) -> torch.Tensor:
@@ -81,6 +88,39 @@ def build_samples(episodes: Iterable[EpisodeLike], chunk_size: int, instructions
     return Samples(torch.cat(frames), torch.cat(chunks), torch.cat(ids), list(instructions))
 
 
+@torch.no_grad()
+def with_reconstructions(samples: Samples, vae, batch_size: int = 256) -> Samples:
+    """``samples`` with each frame passed through ``vae`` on its own (what a world model shows the policy of
+    the same scene: its VAE's loss of detail), in batches on the VAE's device."""
+    from tqdm import tqdm
+
+    from worldloop.worldmodel.vae import reconstruct
+
+    parts = [reconstruct(vae, samples.frames[start : start + batch_size])
+             for start in tqdm(range(0, len(samples), batch_size), desc="sft: frames through the VAE", disable=None, leave=False)]  # fmt: skip
+    reconstructed = torch.cat(parts)
+    if reconstructed.shape != samples.frames.shape:
+        raise ValueError(f"the VAE turns {tuple(samples.frames.shape[1:])} frames into {tuple(reconstructed.shape[1:])}: "
+                         "give the world model trained at the dataset's resolution")  # fmt: skip
+    return Samples(samples.frames, samples.chunks, samples.instruction_ids, samples.instructions, reconstructed)
+
+
+def codec_vae(world_model: str | Path, image_size: int):
+    """The VAE of a world-model folder (its vae/), or a VAE folder itself; a world model of another
+    resolution than the dataset's is refused (its frames are not what the policy will see)."""
+    import json
+
+    from worldloop.worldmodel.vae import load_vae
+
+    folder = Path(world_model)
+    if (folder / "vae" / "config.json").is_file():
+        trained_at = json.loads((folder / "config.json").read_text()).get("image_size") if (folder / "config.json").is_file() else None
+        if trained_at is not None and int(trained_at) != image_size:
+            raise ValueError(f"world model {folder} imagines {trained_at}x{trained_at} frames; the dataset's are {image_size}x{image_size}")
+        folder = folder / "vae"
+    return load_vae(folder)
+
+
 def warmup_cosine(step: int, warmup: int, total: int) -> float:
     """LR multiplier: linear warm-up over ``warmup`` steps, then cosine decay to 0 at ``total``."""
     if step < warmup:
@@ -98,6 +138,12 @@ def random_shift(images: torch.Tensor, shift: int, generator: torch.Generator) -
     return images[torch.arange(batch, device=images.device)[:, None, None], rows[:, :, None], cols[:, None, :]]
 
 
+def random_reconstructed(images: torch.Tensor, reconstructed: torch.Tensor, prob: float, generator: torch.Generator) -> torch.Tensor:
+    """Replace a random ``prob`` share of the frames (B, H, W, 3) by their VAE reconstructions (same shape)."""
+    swap = (torch.rand(len(images), generator=generator) < prob).to(images.device)
+    return torch.where(swap[:, None, None, None], reconstructed, images)
+
+
 def random_blur(images: torch.Tensor, prob: float, generator: torch.Generator) -> torch.Tensor:
     """Gaussian-blur a random ``prob`` share of uint8 frames (B, H, W, 3), like a world model's output."""
     floats = images.permute(0, 3, 1, 2).float() / 255.0
@@ -105,23 +151,40 @@ def random_blur(images: torch.Tensor, prob: float, generator: torch.Generator) -
     return (blurred * 255.0).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
 
 
+def evenly_spaced(count: int, limit: int) -> torch.Tensor:
+    """At most ``limit`` indices spread evenly over ``range(count)``."""
+    return torch.linspace(0, count - 1, min(limit, count)).round().long().unique()
+
+
 @torch.no_grad()
-def held_out_metrics(policy: CompactVLA, samples: Samples, tokens: torch.Tensor, max_samples: int, batch_size: int) -> dict[str, float]:
-    """Token cross-entropy and accuracy on a fixed, evenly spaced subset of ``samples``."""
-    index = torch.linspace(0, len(samples) - 1, min(max_samples, len(samples))).round().long().unique()
+def held_out_metrics(policy: CompactVLA, samples: Samples, tokens: torch.Tensor, batch_size: int) -> dict[str, float]:
+    """Token cross-entropy and accuracy on ``samples``; with their reconstructions, ``codec_token_agreement``:
+    the share of greedy tokens the policy keeps when it sees each frame through the world model's VAE (1: its
+    choices survive the loss of detail that every imagined frame has), and ``codec_token_distance``, the mean
+    number of bins between the two choices (well below 1: near-ties flipping; several: other actions)."""
     was_training = policy.training
     policy.eval()
-    total_loss, correct, count = 0.0, 0, 0
-    for start in range(0, len(index), batch_size):
-        part = index[start : start + batch_size].to(samples.frames.device)
+    total_loss, correct, kept, apart, count = 0.0, 0, 0, 0, 0
+    for start in range(0, len(samples), batch_size):
+        part = slice(start, start + batch_size)
+        instructions = [samples.instructions[i] for i in samples.instruction_ids[part].tolist()]
         with _autocast(policy.device):
-            logits, _ = policy(samples.frames[part], [samples.instructions[i] for i in samples.instruction_ids[part].tolist()])
+            logits, _ = policy(samples.frames[part], instructions)
         target = tokens[part]
         total_loss += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="sum").item()
         correct += (logits.argmax(-1) == target).sum().item()
         count += target.numel()
+        if samples.reconstructed is not None:
+            with _autocast(policy.device):
+                logits_reconstructed, _ = policy(samples.reconstructed[part], instructions)
+            chosen, chosen_reconstructed = logits.argmax(-1), logits_reconstructed.argmax(-1)
+            kept += (chosen_reconstructed == chosen).sum().item()
+            apart += (chosen_reconstructed - chosen).abs().sum().item()
     policy.train(was_training)
-    return {"loss": total_loss / count, "token_accuracy": correct / count}
+    metrics = {"loss": total_loss / count, "token_accuracy": correct / count}
+    if samples.reconstructed is not None:
+        metrics |= {"codec_token_agreement": kept / count, "codec_token_distance": apart / count}
+    return metrics
 
 
 def _autocast(device: torch.device):
@@ -141,11 +204,14 @@ def fit_policy(
     action_dim: int,
     stop_after: int | None = None,
     extra_results: dict[str, Any] | None = None,
+    world_model: str | Path | None = None,
 ) -> dict[str, Any]:
     """Train a CompactVLA with ``config.policy`` / ``config.sft`` and write it to ``out``.
 
     Resumes from ``out``'s latest checkpoint when there is one. ``stop_after`` ends the run after
-    that many steps (with a checkpoint), as an interruption would. Returns the results dict, also
+    that many steps (with a checkpoint), as an interruption would. ``world_model`` (a world-model or
+    VAE folder): the held-out metrics add ``codec_token_agreement`` on its VAE's reconstructions, and
+    ``sft.augment_codec`` of the training frames are shown through it. Returns the results dict, also
     written to ``out/sft_results.json``.
     """
     from torch.utils.tensorboard import SummaryWriter
@@ -161,12 +227,24 @@ def fit_policy(
     torch.manual_seed(config.seed)
     chunk_size = config.policy.chunk_size
 
+    if sft.augment_codec and world_model is None:
+        raise ValueError(f"sft.augment_codec={sft.augment_codec} shows training frames through a world model's VAE: give the world model (--world-model)")
     train = build_samples(train_episodes, chunk_size, instructions)
     held_out_list = list(held_out_episodes)
     held_out = build_samples(held_out_list, chunk_size, instructions) if held_out_list else None
+    held_out_total = 0 if held_out is None else len(held_out)
+    if held_out is not None:  # the fixed, evenly spaced subset every evaluation scores
+        held_out = held_out.subset(evenly_spaced(len(held_out), sft.held_out_samples))
     tokenizer = ActionTokenizer.fit(train.chunks[:, 0], config.policy.norm_percentiles, config.policy.num_bins)
     if tuple(train.frames.shape[1:]) != (image_size, image_size, 3) or train.chunks.shape[-1] != action_dim:
         raise ValueError(f"episodes have frames {tuple(train.frames.shape[1:])} and {train.chunks.shape[-1]}-d actions; expected {image_size}x{image_size} and {action_dim}")
+    if world_model is not None:  # reconstructions made once, before training: a step never waits for the VAE
+        vae = codec_vae(world_model, image_size).to(device)
+        if sft.augment_codec:
+            train = with_reconstructions(train, vae)
+        if held_out is not None:
+            held_out = with_reconstructions(held_out, vae)
+        del vae
 
     policy = CompactVLA(config.policy, action_dim, image_size, tokenizer)
     policy.add_instructions(list(instructions))
@@ -198,6 +276,8 @@ def fit_policy(
     for step in progress:
         index = torch.randint(len(train), (sft.batch_size,), generator=sampler)
         images = train.frames[index.to(device)]
+        if sft.augment_codec:
+            images = random_reconstructed(images, train.reconstructed[index.to(device)], sft.augment_codec, sampler)
         if sft.augment_shift:
             images = random_shift(images, sft.augment_shift, sampler)
         if sft.augment_blur:
@@ -220,9 +300,9 @@ def fit_policy(
         writer.add_scalar("train/lr", scheduler.get_last_lr()[0], done)
         progress.set_postfix(loss=f"{last_loss:.3f}")
         if held_out is not None and (done % sft.eval_every == 0 or done == sft.steps):
-            metrics = held_out_metrics(policy, held_out, held_out_tokens, sft.held_out_samples, sft.batch_size)
-            writer.add_scalar("held_out/loss", metrics["loss"], done)
-            writer.add_scalar("held_out/token_accuracy", metrics["token_accuracy"], done)
+            metrics = held_out_metrics(policy, held_out, held_out_tokens, sft.batch_size)
+            for name, value in metrics.items():
+                writer.add_scalar(f"held_out/{name}", value, done)
         if done < sft.steps and (done % sft.checkpoint_every == 0 or done == end):
             save_checkpoint(out, done, {"model": policy}, stateful, extra={"train_loss": last_loss})
     progress.close()
@@ -234,10 +314,12 @@ def fit_policy(
     results = {
         "steps": sft.steps,
         "train_samples": len(train),
-        "held_out_samples": 0 if held_out is None else len(held_out),
+        "held_out_samples": held_out_total,
         "final_train_loss": last_loss,
         "held_out_loss": metrics.get("loss"),
         "held_out_token_accuracy": metrics.get("token_accuracy"),
+        **({"held_out_codec_token_agreement": metrics["codec_token_agreement"], "held_out_codec_token_distance": metrics["codec_token_distance"],
+            "world_model": str(world_model)} if world_model is not None and metrics else {}),
         "seconds": elapsed,
         "seconds_per_step": elapsed / max(1, end - start),
         "parameters": sum(p.numel() for p in policy.parameters()),
@@ -276,7 +358,9 @@ def select_episodes(summaries: Sequence[tuple[int, int, bool, bool]], per_task: 
     return sorted(chosen)
 
 
-def train_sft(config, dataset: str | Path, out: str | Path, episodes_per_task: int | None = None, stop_after: int | None = None) -> dict[str, Any]:
+def train_sft(
+    config, dataset: str | Path, out: str | Path, episodes_per_task: int | None = None, stop_after: int | None = None, world_model: str | Path | None = None,
+) -> dict[str, Any]:
     """``worldloop sft``: choose episodes from a LeRobot dataset folder, then :func:`fit_policy`."""
     from worldloop.data.dataset import TrajectoryDataset, split_episodes
 
@@ -297,6 +381,7 @@ def train_sft(config, dataset: str | Path, out: str | Path, episodes_per_task: i
         action_dim=ds.action_dim,
         stop_after=stop_after,
         extra_results=extra,
+        world_model=world_model,
     )
 
 

@@ -138,10 +138,9 @@ def train(
             for row in result.get("tracking", []):
                 writer.add_scalar(f"eval/tracking/psnr_after_{row['chunks']}_chunks", row["psnr"], iteration)
                 writer.add_scalar(f"eval/tracking/psnr_initial_frame_after_{row['chunks']}_chunks", row["psnr_initial_frame"], iteration)
-                writer.add_scalar(f"eval/tracking/token_agreement_after_{row['chunks']}_chunks", row["token_agreement"], iteration)
-                if "token_agreement_reconstructed" in row:
-                    writer.add_scalar(f"eval/tracking/token_agreement_reconstructed_after_{row['chunks']}_chunks",
-                                      row["token_agreement_reconstructed"], iteration)
+                for name in ("token_agreement", "token_distance", "token_agreement_reconstructed", "token_distance_reconstructed"):
+                    if name in row:
+                        writer.add_scalar(f"eval/tracking/{name}_after_{row['chunks']}_chunks", row[name], iteration)
                 if row["kappa"] is not None:
                     writer.add_scalar(f"eval/tracking/kappa_after_{row['chunks']}_chunks", row["kappa"], iteration)
             for name, source in result.get("gap_sources", {}).items():
