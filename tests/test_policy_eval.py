@@ -60,3 +60,36 @@ def test_mismatched_policy_gives_clear_errors():
         evaluate_policy(tiny_policy(config, action_dim=7), config, tasks=["reach-v3"], episodes_per_task=1, progress=False)
     with pytest.raises(ValueError, match="sim.image_size=32"):
         evaluate_policy(tiny_policy(config), config, tasks=["reach-v3"], episodes_per_task=1, progress=False)
+
+
+def test_two_evaluations_of_the_same_initial_states_are_compared_episode_by_episode(tmp_path, capsys):
+    from worldloop.cli import main
+    from worldloop.policies.evaluate import evaluation_seeds, paired_eval_change
+
+    results = evaluate_policy(EXPERT, sim_config(), tasks=FAST_TASKS, episodes_per_task=1, progress=False)
+    assert [row["per_episode"] for row in results["per_task"].values()] == ["1", "1"]
+
+    def evaluation(outcomes: dict[str, str]) -> dict:
+        seeds = evaluation_seeds(list(outcomes), len(next(iter(outcomes.values()))), 2**31)
+        return {"seeds": seeds, "per_task": {t: {"episodes": len(o), "per_episode": o} for t, o in outcomes.items()}}
+
+    before = evaluation({"reach-v3": "0011", "button-press-topdown-v3": "1100"})
+    change = paired_eval_change(before, evaluation({"reach-v3": "1111", "button-press-topdown-v3": "1000"}))
+    assert (change["difference"], change["gained"], change["lost"], change["episodes"]) == (1 / 8, 2, 1, 8)
+    assert change["per_task"]["reach-v3"]["difference"] == 0.5 and change["per_task"]["button-press-topdown-v3"]["lost"] == 1
+    with pytest.raises(ValueError, match="not start from the same initial states"):
+        paired_eval_change(before, evaluation({"reach-v3": "00", "button-press-topdown-v3": "11"}))
+    with pytest.raises(ValueError, match="without per-episode outcomes"):
+        paired_eval_change(before | {"per_task": {"reach-v3": {"episodes": 4}}}, before)
+
+    # the CLI refuses an evaluation of other initial states before it simulates anything
+    (tmp_path / "before.json").write_text(json.dumps(before))
+    assert main(["eval", "--policy", "expert", "--out", str(tmp_path / "e"), "--tasks", "reach-v3", "--episodes-per-task", "4",
+                 "--against", str(tmp_path / "before.json"), "sim.num_workers=1", "sim.image_size=64"]) == 2  # fmt: skip
+    assert "did not start from the initial states this evaluation will" in capsys.readouterr().err
+    common = ["--tasks", "reach-v3", "--episodes-per-task", "2", "sim.num_workers=1", "sim.image_size=64", "eval.videos_per_task=0"]
+    assert main(["eval", "--policy", "expert", "--out", str(tmp_path / "e1"), *common]) == 0
+    assert main(["eval", "--policy", "expert", "--out", str(tmp_path / "e2"), "--against", str(tmp_path / "e1" / "results.json"), *common]) == 0
+    assert "(the same initial states): overall +0.000 (no episode changed)" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "e2" / "results.json").read_text())["paired_change"]
+    assert saved["episodes"] == 2 and saved["against"] == str(tmp_path / "e1" / "results.json")

@@ -514,7 +514,9 @@ def test_trajectory_tracking_on_hand_made_rollouts():
     assert rows[0]["token_agreement"] == pytest.approx(5 / 6) and rows[1]["token_agreement"] == 1.0
     assert rows[0]["token_distance"] == pytest.approx(5 / 6) and rows[1]["token_distance"] == 0.0  # 5 bins on 1 of 6 tokens
     assert [row["token_distance_reconstructed"] for row in rows] == [pytest.approx(3 / 6)] * 2
-    assert "(0.8/0.0 bins apart)" in tracking_line(rows) and "0.83/0.83, 0.5/0.5 bins apart" in tracking_line(rows)
+    # against the imagined tokens: episode 0 differs at token 0 (imagined 5, reconstructed 0) and token 1 (0 and 3) after 1 chunk
+    assert [row["token_agreement_reconstructed_imagined"] for row in rows] == [pytest.approx(4 / 6), pytest.approx(5 / 6)]
+    assert "(0.8/0.0 bins apart)" in tracking_line(rows) and "0.83/0.83, 0.5/0.5 bins apart; those against the imagined frames' 0.67/0.83" in tracking_line(rows)
     assert rows[0]["kappa"] is None  # nobody succeeded in chunk 0: undefined
     assert (rows[1]["real_success_by_then"], rows[1]["imagined_success_by_then"]) == (0.25, 0.5)
     assert rows[1]["kappa"] == pytest.approx(0.5)  # agreement 3/4, chance 1/2
@@ -749,6 +751,24 @@ def test_world_model_exploitation_needs_a_faithful_start_a_significant_fall_and_
     assert world_model_exploited_diagnosis(start, evaluation(44, -0.20, 0.10, 0.13)) == ""
     assert world_model_exploited_diagnosis(start, evaluation(44, None, 1.0, 0.0, stderr=None)).startswith(EXPLOITED)
     assert world_model_exploited_diagnosis({"iteration": 0, "real": {}}, evaluation(44, -0.20, 0.59, 0.13)) == ""  # runs from before
+
+
+def test_a_gain_in_imagination_alone_is_named():
+    """The twenty-second H200 session's drawer-open: imagined 4 -> 76 of 80 episodes, real 33 -> 32. No warning
+    when reality rose too, when the imagined gain is within 3 paired standard errors, or without per-episode verdicts."""
+    from worldloop.rl.trainer import IMAGINED_ONLY, imagined_only_gain_diagnosis
+
+    def evaluation(iteration, imagined, real, n=80):
+        verdicts = {"imagined": "1" * imagined + "0" * (n - imagined), "real": "1" * real + "0" * (n - real)}
+        return {"iteration": iteration, "real": {"per_task": {"drawer-open-v3": {"episodes": n}}}, "per_episode": verdicts}
+
+    start = evaluation(0, 4, 33)
+    warning = imagined_only_gain_diagnosis(start, evaluation(45, 76, 32))
+    assert warning.startswith(f"{IMAGINED_ONLY} on drawer-open-v3: from iteration 0 to 45, imagined +0.900") and "rl.train_tasks" in warning
+    assert imagined_only_gain_diagnosis(start, evaluation(45, 76, 45)) == ""  # reality rose by 12 of 80: 3.7 paired SE
+    assert imagined_only_gain_diagnosis(start, evaluation(45, 8, 32)) == ""  # +4 of 80: 2.0 paired SE
+    assert imagined_only_gain_diagnosis(start, evaluation(45, 4, 20)) == ""
+    assert imagined_only_gain_diagnosis({"iteration": 0, "real": {"per_task": {}}}, evaluation(45, 76, 32)) == ""
 
 
 def test_a_task_that_imagination_does_not_track_is_named_even_when_the_overall_kappa_is_fine():

@@ -18,13 +18,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-envs", type=int, default=None, help="environments stepped together (default: eval.num_envs)")
     parser.add_argument("--greedy", action="store_true", help="take the most likely action tokens")
     parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: eval.temperature)")
+    parser.add_argument("--against", default=None, help="another evaluation's results.json (same tasks and episodes, e.g. the base policy's): "
+                        "the change from it, paired episode by episode, is printed and saved as paired_change")
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
+    import json
+    from pathlib import Path
+
     from worldloop.config import save_config
     from worldloop.policies import load_policy
-    from worldloop.policies.evaluate import evaluate_policy, results_table
+    from worldloop.policies.evaluate import evaluate_policy, evaluation_seeds, paired_eval_change, results_table
+    from worldloop.sims.tasks import resolve_tasks
     from worldloop.utils.device import resolve_device
+    from worldloop.utils.io import atomic_write_json
+    from worldloop.utils.stats import format_paired
 
     if args.suite is not None:
         config.sim.suite, config.sim.tasks = args.suite, []
@@ -40,8 +48,24 @@ def run(args: argparse.Namespace, config: Config) -> int:
         config.eval.temperature = args.temperature
     config.sim.validate()
     config.eval.validate()
+    before = None
+    if args.against is not None:  # read before minutes of simulation, not after
+        try:
+            before = json.loads(Path(args.against).read_text())
+        except (OSError, ValueError) as error:
+            raise ValueError(f"--against {args.against}: not an evaluation's results.json ({error})") from error
+        seeds = evaluation_seeds(resolve_tasks(config.sim), config.eval.episodes_per_task, config.eval.seed_offset)
+        if not isinstance(before, dict) or before.get("seeds") != seeds:
+            raise ValueError(f"--against {args.against} did not start from the initial states this evaluation will: evaluate with "
+                             "the same tasks, episodes per task and eval.seed_offset")  # fmt: skip
     save_config(config, args.out)
     policy = load_policy(args.policy, resolve_device(config.device))
     results = evaluate_policy(policy, config, out=args.out)
     print(results_table(results), end="")
+    if before is not None:
+        change = paired_eval_change(before, results)
+        atomic_write_json(Path(args.out) / "results.json", results | {"paired_change": change | {"against": str(args.against)}})
+        print(f"\nagainst {args.against} (the same initial states): overall {format_paired(change)}")
+        for task, task_change in change["per_task"].items():
+            print(f"  {task}: {format_paired(task_change)}")
     return 0

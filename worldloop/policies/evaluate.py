@@ -31,6 +31,11 @@ def eval_seed(task: str, episode: int, seed_offset: int) -> int:
     return seed_offset + 1000 * ALL_TASKS.index(task) + episode
 
 
+def evaluation_seeds(tasks: Sequence[str], episodes_per_task: int, seed_offset: int) -> list[int]:
+    """The initial-state seed of every episode of an evaluation, in its job order (episode-major, tasks interleaved)."""
+    return [eval_seed(task, episode, seed_offset) for episode in range(episodes_per_task) for task in tasks]
+
+
 def check_policy_fits(policy, env) -> None:
     """A clear error when the policy cannot drive ``env`` (action dimension, frame size, chunk size)."""
     where = getattr(policy, "source", "the policy")
@@ -134,6 +139,7 @@ def evaluate_policy(
             "stderr": stderr,
             "episodes": len(rows),
             "mean_episode_length": float(lengths[rows].mean()),
+            "per_episode": "".join("1" if success[j] else "0" for j in rows),  # episode 0, 1, ...: for paired comparisons
         }
     rate, stderr = rate_with_stderr(success.tolist())
     results = {
@@ -145,7 +151,7 @@ def evaluate_policy(
         "mean_episode_length": float(lengths.mean()),
         "greedy": bool(greedy) if not is_expert else None,
         "temperature": float(temperature) if not (is_expert or greedy) else None,
-        "seeds": [eval_seed(t, e, ev.seed_offset) for t, e in jobs],
+        "seeds": evaluation_seeds(tasks, episodes_per_task, ev.seed_offset),
         "per_task": per_task,
         "seconds": seconds,
         "env_steps_per_second": env_steps / max(seconds, 1e-9),
@@ -154,6 +160,25 @@ def evaluate_policy(
     if out is not None:
         write_results(results, out, {j: (jobs[j], bool(success[j]), clip) for j, clip in videos.items()}, ev.video_fps)
     return results
+
+
+def paired_eval_change(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """How success_once changed from evaluation ``before`` to ``after`` of the same tasks and initial states (the
+    same seeds, e.g. a base policy and its RL-trained successor), paired episode by episode, overall and per task
+    (:func:`worldloop.utils.stats.paired_difference`)."""
+    from worldloop.utils.stats import paired_difference
+
+    if before.get("seeds") != after.get("seeds"):
+        raise ValueError("the two evaluations did not start from the same initial states (their seeds differ): evaluate both "
+                         "with the same tasks, episodes per task and eval.seed_offset")  # fmt: skip
+    if any("per_episode" not in row for result in (before, after) for row in result["per_task"].values()):
+        raise ValueError("an evaluation without per-episode outcomes (results.json from before they were kept): evaluate it again")
+    per_task = {task: paired_difference([c == "1" for c in before["per_task"][task]["per_episode"]], [c == "1" for c in row["per_episode"]])
+                for task, row in after["per_task"].items() if row["episodes"] >= 2}  # fmt: skip
+    tasks = list(after["per_task"])
+    overall = paired_difference([c == "1" for t in tasks for c in before["per_task"][t]["per_episode"]],
+                                [c == "1" for t in tasks for c in after["per_task"][t]["per_episode"]])  # fmt: skip
+    return overall | {"per_task": per_task}
 
 
 def write_results(results: dict[str, Any], out: str | Path, videos: dict, fps: int) -> None:

@@ -445,7 +445,9 @@ def trajectory_tracking(
     "succeeded by then" agrees beyond chance (Cohen's kappa within tasks). Greedy policies make the two
     comparable: sampling draws different actions in the two worlds. With ``tokens_on_reconstructed`` (the
     policy's tokens on the real observations passed through the world model's VAE), the share of tokens the
-    policy keeps on those too, and their distance: how much of its other choices the VAE's loss of detail alone explains."""
+    policy keeps on those too, and their distance: how much of its other choices the VAE's loss of detail alone explains;
+    and the share it chooses alike on those and on the imagined frames (``token_agreement_reconstructed_imagined``): high
+    where imagination differs from reality mostly by the codec, which a policy observing reality through the VAE would share."""
     from worldloop.worldmodel.metrics import psnr
 
     rows = []
@@ -472,8 +474,13 @@ def trajectory_tracking(
         if tokens_on_reconstructed is not None:
             instructions = [real.instructions[i] for i in running.nonzero().flatten().tolist()]
             reconstructed = tokens_on_reconstructed(real_now, instructions).to(real.tokens.device)
-            rows[-1]["token_agreement_reconstructed"] = float((real.tokens[running, chunks] == reconstructed).float().mean())
-            rows[-1]["token_distance_reconstructed"] = float((real.tokens[running, chunks] - reconstructed).abs().float().mean())
+            imagined_now = imagined.tokens[running, chunks]
+            rows[-1] |= {
+                "token_agreement_reconstructed": float((real.tokens[running, chunks] == reconstructed).float().mean()),
+                "token_distance_reconstructed": float((real.tokens[running, chunks] - reconstructed).abs().float().mean()),
+                # what a policy that saw the real world through the VAE too would share with its imagined self
+                "token_agreement_reconstructed_imagined": float((imagined_now == reconstructed).float().mean()),
+            }
         chunks *= 2
     return rows
 
@@ -487,7 +494,8 @@ def tracking_line(rows: list[dict[str, Any]]) -> str:
     return (f"imagined vs real after {joined('chunks', '{}')} chunks: PSNR {joined('psnr')} dB "
             f"(initial frame {joined('psnr_initial_frame')}), same action tokens {joined('token_agreement', '{:.2f}')} "
             f"({joined('token_distance')} bins apart)"
-            + (f" (on the real frames through the VAE {joined('token_agreement_reconstructed', '{:.2f}')}, {joined('token_distance_reconstructed')} bins apart)"
+            + (f" (on the real frames through the VAE {joined('token_agreement_reconstructed', '{:.2f}')}, {joined('token_distance_reconstructed')} bins apart; "
+               f"those against the imagined frames' {joined('token_agreement_reconstructed_imagined', '{:.2f}')})"
                if any("token_agreement_reconstructed" in r for r in rows) else "")
             + ", "
             f"success-by-then kappa {joined('kappa', '{:.2f}')}")
