@@ -89,7 +89,7 @@ for name in ["eval-expert", "eval-sft-1", "eval-sft-5", "eval-sft-20"]:
     mode = "expert" if r["policy"] == "expert" else ("greedy" if r["greedy"] else f"T={r['temperature']}")
     held = f"{sft['held_out_loss']:.3f} / {sft['held_out_token_accuracy']:.3f}" if sft.get("held_out_loss") is not None else ""
     if sft.get("held_out_codec_token_agreement") is not None:
-        held += f" / {sft['held_out_codec_token_agreement']:.3f}"
+        held += f" / {sft['held_out_codec_token_agreement']:.3f} ({sft.get('held_out_codec_token_distance', float('nan')):.1f} bins apart)"
     timing = f"{sft['seconds']:.0f} s, {sft['seconds_per_step'] * 1000:.0f} ms/step" if sft else ""
     rows.append(f"| {name} ({mode}) | {r['success_once']:.3f} ± {r['stderr']:.3f} | {r['episodes']} | {r['mean_episode_length']:.1f} | {held} | {timing} |")
 tasks = sorted({t for s in summary.values() for t in s["results"]["per_task"]})
