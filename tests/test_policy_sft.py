@@ -154,5 +154,5 @@ def test_sft_through_a_world_models_vae(tmp_path):
     with pytest.raises(ValueError, match="give the world model"):
         fit_policy(codec, train, held, tmp_path / "none", *args)
     (tmp_path / "wm" / "config.json").write_text(json.dumps({"kind": "world_model", "image_size": 64}))
-    with pytest.raises(ValueError, match="imagines 64x64 frames; the dataset's are 32x32"):
+    with pytest.raises(ValueError, match="imagines 64x64 frames; these are 32x32"):
         fit_policy(codec, train, held, tmp_path / "other", *args, world_model=tmp_path / "wm")

@@ -16,6 +16,9 @@
 # policy/), $OUT/rl.log, $OUT/summary.md; prints the table. Extra `key=value` overrides: $OVERRIDES
 # (kir and rl) and $RL_OVERRIDES (rl only); $PRESET (default metaworld-gpu). Bounded: kir 4 min,
 # rl MINUTES + 5 min (evaluations, start-up). Rerunning with the same $OUT resumes the rl run.
+# CODEC_EVAL=1: afterwards, the base and the final policy in the real simulator observing its frames through the world
+# model's VAE (`eval --world-model`), CODEC_EVAL_EPISODES (32) per task, the same initial states, paired (`--against`):
+# $OUT/eval-codec-base, $OUT/eval-codec-final, the change at the end of $OUT/summary.md (~1 min each on the H200).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 if [ $# -lt 4 ]; then sed -n 2,20p "$0"; exit 2; fi
@@ -83,4 +86,13 @@ if history:
 for warning in results.get("warnings", []):
     print(f"warning at iteration {warning['iteration']}: {warning['message']}")
 PYEOF
+
+# 4. CODEC_EVAL=1: does what RL gained in imagination carry over to a policy that sees reality through the same VAE?
+if [ "${CODEC_EVAL:-0}" = 1 ] && [ -f "$OUT/rl/policy/config.json" ]; then
+  CODEC=(--world-model "$WM" --tasks "$TASKS" --episodes-per-task "${CODEC_EVAL_EPISODES:-32}" --greedy)
+  timeout 240 "${WL[@]}" eval "${PRESET[@]}" --policy "$POLICY" --out "$OUT/eval-codec-base" "${CODEC[@]}" "${EXTRA[@]}" >"$OUT/eval-codec.log" 2>&1
+  timeout 240 "${WL[@]}" eval "${PRESET[@]}" --policy "$OUT/rl/policy" --out "$OUT/eval-codec-final" "${CODEC[@]}" \
+    --against "$OUT/eval-codec-base/results.json" "${EXTRA[@]}" >>"$OUT/eval-codec.log" 2>&1
+  { echo; echo "real, observing through the world model's VAE (base -> final policy):"; sed -n '/^against /,$p' "$OUT/eval-codec.log"; } | tee -a "$OUT/summary.md"
+fi
 exit $status

@@ -18,6 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-envs", type=int, default=None, help="environments stepped together (default: eval.num_envs)")
     parser.add_argument("--greedy", action="store_true", help="take the most likely action tokens")
     parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: eval.temperature)")
+    parser.add_argument("--world-model", default=None, help="world-model (or VAE) folder: the policy sees the simulator's frames encoded and decoded "
+                        "by its VAE, as it sees imagined ones; success is still the simulator's")
     parser.add_argument("--against", default=None, help="another evaluation's results.json (same tasks and episodes, e.g. the base policy's): "
                         "the change from it, paired episode by episode, is printed and saved as paired_change")
 
@@ -60,7 +62,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
                              "the same tasks, episodes per task and eval.seed_offset")  # fmt: skip
     save_config(config, args.out)
     policy = load_policy(args.policy, resolve_device(config.device))
-    results = evaluate_policy(policy, config, out=args.out)
+    results = evaluate_policy(policy, config, out=args.out, world_model=args.world_model)
     print(results_table(results), end="")
     if before is not None:
         change = paired_eval_change(before, results)

@@ -58,6 +58,7 @@ def evaluate_policy(
     num_envs: int | None = None,
     videos_per_task: int | None = None,
     progress: bool = True,
+    world_model: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run ``episodes_per_task`` episodes of every task and return the results dict (also written
     to ``out/results.json`` and ``out/results.md``, with captioned videos in ``out/videos``, when
@@ -87,7 +88,18 @@ def evaluate_policy(
         # encode new instructions before the simulator starts: the text encoder's imports (triton)
         # crash in a process that already renders with Mesa's EGL
         policy.add_instructions([instruction(task) for task in tasks])
+    vae = None
+    if world_model is not None:  # loaded before the simulator starts rendering, like the instructions below
+        from worldloop.worldmodel.vae import world_model_vae
+
+        if is_expert:
+            raise ValueError("the scripted expert acts on the simulator's state, not on frames: --world-model applies to policies")
+        vae = world_model_vae(world_model, config.sim.image_size).to(policy.device)
     env = make_env(config, num_envs, tasks=tasks)
+    if vae is not None:  # the policy sees the simulator through the world model's VAE, as it sees imagination
+        from worldloop.envs.codec import CodecObservations
+
+        env = CodecObservations(env, vae)
     started, env_steps = time.time(), 0
     bar = tqdm(total=len(jobs), desc=f"eval {'expert' if is_expert else 'policy'}", dynamic_ncols=True, disable=None if progress else True)
     try:
@@ -156,6 +168,7 @@ def evaluate_policy(
         "seconds": seconds,
         "env_steps_per_second": env_steps / max(seconds, 1e-9),
         "sim": dataclasses.asdict(config.sim),
+        "observed_through": None if world_model is None else str(world_model),
     }
     if out is not None:
         write_results(results, out, {j: (jobs[j], bool(success[j]), clip) for j, clip in videos.items()}, ev.video_fps)
@@ -201,8 +214,9 @@ def write_results(results: dict[str, Any], out: str | Path, videos: dict, fps: i
 def results_table(results: dict[str, Any]) -> str:
     """A Markdown table: one row per task and the overall rate, each with its standard error."""
     mode = "expert" if results["policy"] == EXPERT else ("greedy" if results["greedy"] else f"temperature {results['temperature']}")
+    through = f", observing the simulator through {results['observed_through']}'s VAE" if results.get("observed_through") else ""
     lines = [
-        f"# Evaluation of {results['policy']} ({mode})",
+        f"# Evaluation of {results['policy']} ({mode}{through})",
         "",
         "| task | success_once | ± stderr | episodes | mean length |",
         "| --- | ---: | ---: | ---: | ---: |",

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from worldloop.policies.modeling_vla import CompactVLA
 from worldloop.policies.tokenizer import ActionTokenizer
 from worldloop.rewards.augment import gaussian_blur
+from worldloop.worldmodel.vae import world_model_vae
 
 
 class EpisodeLike(Protocol):
@@ -103,22 +104,6 @@ def with_reconstructions(samples: Samples, vae, batch_size: int = 256) -> Sample
         raise ValueError(f"the VAE turns {tuple(samples.frames.shape[1:])} frames into {tuple(reconstructed.shape[1:])}: "
                          "give the world model trained at the dataset's resolution")  # fmt: skip
     return Samples(samples.frames, samples.chunks, samples.instruction_ids, samples.instructions, reconstructed)
-
-
-def codec_vae(world_model: str | Path, image_size: int):
-    """The VAE of a world-model folder (its vae/), or a VAE folder itself; a world model of another
-    resolution than the dataset's is refused (its frames are not what the policy will see)."""
-    import json
-
-    from worldloop.worldmodel.vae import load_vae
-
-    folder = Path(world_model)
-    if (folder / "vae" / "config.json").is_file():
-        trained_at = json.loads((folder / "config.json").read_text()).get("image_size") if (folder / "config.json").is_file() else None
-        if trained_at is not None and int(trained_at) != image_size:
-            raise ValueError(f"world model {folder} imagines {trained_at}x{trained_at} frames; the dataset's are {image_size}x{image_size}")
-        folder = folder / "vae"
-    return load_vae(folder)
 
 
 def warmup_cosine(step: int, warmup: int, total: int) -> float:
@@ -239,7 +224,7 @@ def fit_policy(
     if tuple(train.frames.shape[1:]) != (image_size, image_size, 3) or train.chunks.shape[-1] != action_dim:
         raise ValueError(f"episodes have frames {tuple(train.frames.shape[1:])} and {train.chunks.shape[-1]}-d actions; expected {image_size}x{image_size} and {action_dim}")
     if world_model is not None:  # reconstructions made once, before training: a step never waits for the VAE
-        vae = codec_vae(world_model, image_size).to(device)
+        vae = world_model_vae(world_model, image_size).to(device)
         if sft.augment_codec:
             train = with_reconstructions(train, vae)
         if held_out is not None:

@@ -72,6 +72,20 @@ def load_vae(folder: str | Path):
     return vae.eval()
 
 
+def world_model_vae(folder: str | Path, image_size: int):
+    """The VAE of a world-model folder (its vae/), or a VAE folder itself: what imagination shows a policy through.
+    A world model of another resolution than ``image_size`` is refused (its frames are not what the policy sees)."""
+    import json
+
+    folder = Path(folder)
+    if (folder / "vae" / "config.json").is_file():
+        trained_at = json.loads((folder / "config.json").read_text()).get("image_size") if (folder / "config.json").is_file() else None
+        if trained_at is not None and int(trained_at) != image_size:
+            raise ValueError(f"world model {folder} imagines {trained_at}x{trained_at} frames; these are {image_size}x{image_size} (sim.image_size)")
+        folder = folder / "vae"
+    return load_vae(folder)
+
+
 def set_memory_format(vae, memory_format: torch.memory_format) -> None:
     """Put every 3D convolution's weights in ``memory_format`` (channels_last_3d or contiguous_format).
 
