@@ -18,10 +18,10 @@
 # rl MINUTES + 5 min (evaluations, start-up). Rerunning with the same $OUT resumes the rl run.
 # CODEC_EVAL=1: afterwards, the base and the final policy in the real simulator observing its frames through the world
 # model's VAE (`eval --world-model`), CODEC_EVAL_EPISODES (32) per task, the same initial states, paired (`--against`):
-# $OUT/eval-codec-base, $OUT/eval-codec-final, the change at the end of $OUT/summary.md (~1 min each on the H200).
+# $OUT/eval-codec-base, $OUT/eval-codec-final, the change at the end of $OUT/summary.md (two real evaluations, the VAE on every frame).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-if [ $# -lt 4 ]; then sed -n 2,20p "$0"; exit 2; fi
+if [ $# -lt 4 ]; then sed -n 2,21p "$0"; exit 2; fi
 POLICY=$1 WM=$2 JUDGE=$3 DATASET=$4
 TASKS=${5:-button-press-topdown-v3,drawer-open-v3}
 MINUTES=${6:-6}
