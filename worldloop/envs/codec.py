@@ -25,18 +25,13 @@ class CodecObservations:
     def __init__(self, env: VecEnv, vae: Any, batch_size: int = 256):
         self.env, self.vae, self.batch_size = env, vae, batch_size
 
-    def _through_vae(self, frames: torch.Tensor) -> torch.Tensor:
-        flat = frames.reshape(-1, *frames.shape[-3:])
-        parts = [reconstruct(self.vae, flat[start : start + self.batch_size]) for start in range(0, len(flat), self.batch_size)]
-        return torch.cat(parts).reshape(frames.shape)
-
     def reset(self, task_ids: Sequence[int | str], seeds: Sequence[int]) -> EnvReset:
         first = self.env.reset(task_ids, seeds)
-        return dataclasses.replace(first, frames=self._through_vae(first.frames))
+        return dataclasses.replace(first, frames=reconstruct(self.vae, first.frames, self.batch_size))
 
     def step(self, actions: torch.Tensor) -> EnvStep:
         step = self.env.step(actions)
-        return dataclasses.replace(step, frames=self._through_vae(step.frames))
+        return dataclasses.replace(step, frames=reconstruct(self.vae, step.frames, self.batch_size))
 
     def __getattr__(self, name: str) -> Any:  # num_envs, chunk_size, max_steps, elapsed_steps, close, ...
         return getattr(self.env, name)

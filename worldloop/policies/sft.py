@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from worldloop.policies.modeling_vla import CompactVLA
 from worldloop.policies.tokenizer import ActionTokenizer
 from worldloop.rewards.augment import gaussian_blur
-from worldloop.worldmodel.vae import world_model_vae
+from worldloop.worldmodel.vae import reconstruct, world_model_vae
 
 
 class EpisodeLike(Protocol):
@@ -93,16 +93,7 @@ def build_samples(episodes: Iterable[EpisodeLike], chunk_size: int, instructions
 def with_reconstructions(samples: Samples, vae, batch_size: int = 256) -> Samples:
     """``samples`` with each frame passed through ``vae`` on its own (what a world model shows the policy of
     the same scene: its VAE's loss of detail), in batches on the VAE's device."""
-    from tqdm import tqdm
-
-    from worldloop.worldmodel.vae import reconstruct
-
-    parts = [reconstruct(vae, samples.frames[start : start + batch_size])
-             for start in tqdm(range(0, len(samples), batch_size), desc="sft: frames through the VAE", disable=None, leave=False)]  # fmt: skip
-    reconstructed = torch.cat(parts)
-    if reconstructed.shape != samples.frames.shape:
-        raise ValueError(f"the VAE turns {tuple(samples.frames.shape[1:])} frames into {tuple(reconstructed.shape[1:])}: "
-                         "give the world model trained at the dataset's resolution")  # fmt: skip
+    reconstructed = reconstruct(vae, samples.frames, batch_size, progress="sft: frames through the VAE")
     return Samples(samples.frames, samples.chunks, samples.instruction_ids, samples.instructions, reconstructed)
 
 

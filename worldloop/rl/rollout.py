@@ -457,6 +457,7 @@ def trajectory_tracking(
         if not running.any():
             break
         real_now = real.images[running, chunks]
+        tokens_real, tokens_imagined = real.tokens[running, chunks], imagined.tokens[running, chunks]
         by_then_real, by_then_imagined = real.success[:, :chunks].any(dim=1), imagined.success[:, :chunks].any(dim=1)
         agreement = agreement_beyond_chance(by_then_real.tolist(), by_then_imagined.tolist(), list(tasks))
         rows.append({
@@ -464,8 +465,8 @@ def trajectory_tracking(
             "episodes_running": int(running.sum()),
             "psnr": float(psnr(imagined.images[running, chunks], real_now).mean()),
             "psnr_initial_frame": float(psnr(real.images[running, 0], real_now).mean()),
-            "token_agreement": float((real.tokens[running, chunks] == imagined.tokens[running, chunks]).float().mean()),
-            "token_distance": float((real.tokens[running, chunks] - imagined.tokens[running, chunks]).abs().float().mean()),
+            "token_agreement": float((tokens_real == tokens_imagined).float().mean()),
+            "token_distance": float((tokens_real - tokens_imagined).abs().float().mean()),
             "real_success_by_then": float(by_then_real.float().mean()),
             "imagined_success_by_then": float(by_then_imagined.float().mean()),
             "kappa": agreement["kappa"],
@@ -474,12 +475,11 @@ def trajectory_tracking(
         if tokens_on_reconstructed is not None:
             instructions = [real.instructions[i] for i in running.nonzero().flatten().tolist()]
             reconstructed = tokens_on_reconstructed(real_now, instructions).to(real.tokens.device)
-            imagined_now = imagined.tokens[running, chunks]
             rows[-1] |= {
-                "token_agreement_reconstructed": float((real.tokens[running, chunks] == reconstructed).float().mean()),
-                "token_distance_reconstructed": float((real.tokens[running, chunks] - reconstructed).abs().float().mean()),
+                "token_agreement_reconstructed": float((tokens_real == reconstructed).float().mean()),
+                "token_distance_reconstructed": float((tokens_real - reconstructed).abs().float().mean()),
                 # what a policy that saw the real world through the VAE too would share with its imagined self
-                "token_agreement_reconstructed_imagined": float((imagined_now == reconstructed).float().mean()),
+                "token_agreement_reconstructed_imagined": float((tokens_imagined == reconstructed).float().mean()),
             }
         chunks *= 2
     return rows

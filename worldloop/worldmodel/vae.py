@@ -141,11 +141,20 @@ def decode(vae, latents: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def reconstruct(vae, frames: torch.Tensor) -> torch.Tensor:
-    """uint8 frames (N, H, W, 3), each encoded and decoded on its own (a one-frame clip) on the VAE's device ->
-    uint8 (N, H, W, 3) on the frames' device: what the VAE keeps of a single observation."""
+def reconstruct(vae, frames: torch.Tensor, batch_size: int = 256, progress: str | None = None) -> torch.Tensor:
+    """uint8 frames (..., H, W, 3), each encoded and decoded on its own (a one-frame clip) on the VAE's device,
+    ``batch_size`` at a time -> uint8 frames of the same shape on the frames' device: what the VAE keeps of a
+    single observation. ``progress``: a progress bar's description (minutes of frames on a CPU)."""
+    from tqdm import tqdm
+
     device = next(vae.parameters()).device
-    return decode(vae, encode(vae, frames[:, None].to(device)))[:, 0].to(frames.device)
+    flat = frames.reshape(-1, *frames.shape[-3:])
+    starts = tqdm(range(0, len(flat), batch_size), desc=progress, disable=None if progress else True, leave=False)
+    parts = [decode(vae, encode(vae, flat[start : start + batch_size, None].to(device)))[:, 0].to(frames.device) for start in starts]
+    if parts and parts[0].shape[1:] != flat.shape[1:]:
+        raise ValueError(f"the VAE turns {tuple(flat.shape[1:])} frames into {tuple(parts[0].shape[1:])}: its spatial factor "
+                         f"{spatial_factor(vae)} must divide the frame size (give a VAE trained at this resolution)")  # fmt: skip
+    return torch.cat(parts).reshape(frames.shape)
 
 
 class StreamingDecoder:
