@@ -285,6 +285,8 @@ def test_rl_command_refuses_incomplete_input(tmp_path, capsys):
     assert "--env real trains in the simulator itself" in capsys.readouterr().err
     assert main(args + ["rl.train_tasks=tracked"]) == 2
     assert "train_tasks 'tracked'" in capsys.readouterr().err
+    assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.reality_through_codec=true"]) == 2
+    assert "rl.reality_through_codec=true shows the policy the simulator through the world model's VAE: it needs --world-model" in capsys.readouterr().err
     assert main(args + ["--keyframes", "k", "rl.judge_threshold=replay"]) == 2  # complete arguments: on to loading them
     assert "model folder p does not exist" in capsys.readouterr().err
 
@@ -305,6 +307,14 @@ def test_the_reality_check_shares_the_calibrations_environments_only_on_the_same
         fewer = reality_check(config, ["push-v3"], None, None, None, "cpu", closers, shared=calibration)
         assert fewer.real_env is not calibration.real_env and fewer.real_env.num_envs == 2 and len(closers) == 2
         assert fewer.seeds == same.seeds[2:] and fewer.task_of_episode == ["push-v3"] * 2
+        assert not fewer.through_codec
+        from types import SimpleNamespace
+
+        from _worldmodel_fixtures import tiny_vae
+
+        config.rl.reality_through_codec = True  # the policy sees this simulator through the world model's VAE
+        seen = reality_check(config, ["push-v3"], SimpleNamespace(vae=tiny_vae()), None, None, "cpu", closers)
+        assert seen.through_codec and seen.real_env.num_envs == 2
     finally:
         for env in closers:
             env.close()
@@ -520,6 +530,22 @@ def test_trajectory_tracking_on_hand_made_rollouts():
     assert rows[0]["kappa"] is None  # nobody succeeded in chunk 0: undefined
     assert (rows[1]["real_success_by_then"], rows[1]["imagined_success_by_then"]) == (0.25, 0.5)
     assert rows[1]["kappa"] == pytest.approx(0.5)  # agreement 3/4, chance 1/2
+
+
+def test_a_reality_observed_through_the_vae_says_so_and_is_not_reconstructed_again():
+    from _worldmodel_fixtures import tiny_vae
+
+    from worldloop.envs.codec import CodecObservations
+    from worldloop.rl.trainer import results_table
+
+    episodes, vae = 4, tiny_vae()
+    env = imagined(episodes, 1)
+    env.world_model.vae = vae  # the tracking reconstructs the real frames with the imagined env's VAE
+    raw = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=env, greedy=True)(ToyPolicy()) | {"iteration": 0}
+    seen = RealityCheck(CodecObservations(ToyEnv(episodes), vae), [TASK], episodes, imagined_env=env, greedy=True)(ToyPolicy()) | {"iteration": 0}
+    assert not raw["real_through_codec"] and seen["real_through_codec"]
+    assert "token_agreement_reconstructed" in raw["tracking"][0] and "token_agreement_reconstructed" not in seen["tracking"][0]
+    assert "observed through the VAE" in results_table([seen]) and "observed through" not in results_table([raw])
 
 
 def test_reality_check_writes_real_next_to_imagined_videos(tmp_path):

@@ -50,6 +50,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
     elif args.keyframes or args.dataset:
         raise ConfigError("--keyframes and --dataset have no use with --env real (the simulator starts from its own initial states); "
                           "--world-model and --judge, when given, measure the imagination-reality gap")
+    if rl.reality_through_codec and not args.world_model:
+        raise ConfigError("rl.reality_through_codec=true shows the policy the simulator through the world model's VAE: it needs --world-model")
     if rl.judge_threshold == "replay" and not (args.world_model and args.judge and rl.eval_episodes_per_task > 0):
         raise ConfigError("rl.judge_threshold=replay replays real episodes in the world model: it needs --world-model, --judge and "
                           f"rl.eval_episodes_per_task > 0 (got {rl.eval_episodes_per_task})")  # fmt: skip
@@ -98,7 +100,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
             from worldloop.sims.tasks import resolve_tasks
 
             train_sim_tasks = args.tasks.split(",") if args.tasks else resolve_tasks(config.sim)
-            env = make_env(config, rl.num_groups * rl.group_size, tasks=train_sim_tasks)
+            env = through_codec(make_env(config, rl.num_groups * rl.group_size, tasks=train_sim_tasks), world_model, config)
             tasks = list(train_sim_tasks)
         closers.append(env)
 
@@ -156,7 +158,7 @@ def reality_check(config: Config, tasks: list[str], world_model, judge, dataset,
     if shared is not None and shared.task_of_episode == [task for task in tasks for _ in range(per_task)]:
         real_env, gap_env = shared.real_env, shared.imagined_env
     else:
-        real_env = make_env(config, count, tasks=tasks)
+        real_env = through_codec(make_env(config, count, tasks=tasks), world_model, config)
         closers.append(real_env)
         gap_env = None
         if world_model is not None and judge is not None:
@@ -167,6 +169,15 @@ def reality_check(config: Config, tasks: list[str], world_model, judge, dataset,
         keyframe_env = imagined_env(config, world_model, judge, dataset, keyframes, count, 1, gap_env.max_steps, device, kir_ratio=1.0)
     seeds = [eval_seed(task, first_episode + e, config.eval.seed_offset) for task in tasks for e in range(per_task)]
     return RealityCheck(real_env, tasks, per_task, gap_env, seeds, config.eval.temperature, config.eval.greedy, keyframe_env=keyframe_env, **videos)
+
+
+def through_codec(env, world_model, config: Config):
+    """``env`` as the policy sees it: with rl.reality_through_codec, its frames through ``world_model``'s VAE."""
+    if not config.rl.reality_through_codec:
+        return env
+    from worldloop.envs.codec import CodecObservations
+
+    return CodecObservations(env, world_model.vae)
 
 
 def load_rl_judge(spec: str, device, config: Config):

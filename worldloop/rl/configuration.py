@@ -117,6 +117,11 @@ class RLConfig:
     """Tasks of the periodic real evaluation; empty: the tasks that RL trains on."""
     eval_episodes_per_task: int = 4
     """Real (and imagined) evaluation episodes per task at each evaluation."""
+    reality_through_codec: bool = False
+    """The policy observes the real simulator through the world model's VAE (worldloop/envs/codec.py), as it
+    observes imagination: the reality checks (calibration, tracking, the stop rule) and, with --env real, the
+    training env. Then the policy RL makes is one that is deployed behind that VAE (`worldloop eval --world-model`).
+    In the twenty-second H200 session the VAE alone changed 0.32 of the policy's first action tokens. Needs --world-model."""
     eval_videos_per_task: int = 1
     """Real | imagined mp4s per task at each evaluation (one frame per chunk, the same initial state),
     written to OUT/videos/iteration_<i>_<task>_<n>.mp4; 0: none."""

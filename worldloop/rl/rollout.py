@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from worldloop.envs.codec import CodecObservations
 from worldloop.envs.judging import JudgedEnv, streak_score
 from worldloop.envs.protocol import EnvReset, VecEnv
 from worldloop.utils.device import autocast_dtype
@@ -215,11 +216,12 @@ class RealityCheck:
         self.temperature, self.greedy = temperature, greedy
         self.labelled: LabelledEpisodes | None = None  # calibrate_judge's real episodes
         self.video_dir, self.videos_per_task = (Path(video_dir) if video_dir is not None else None), videos_per_task
+        self.through_codec = isinstance(real_env, CodecObservations)  # the policy sees reality through the world model's VAE
 
     def _tokens_on_reconstructed(self, policy: Any) -> Callable[[torch.Tensor, list[str]], torch.Tensor] | None:
         """The policy's tokens on frames encoded and decoded by the imagined env's world-model VAE (None without one)."""
         vae = getattr(getattr(self.imagined_env, "world_model", None), "vae", None)
-        if vae is None:
+        if vae is None or self.through_codec:  # through the codec already: its tokens are the real ones
             return None
         from worldloop.worldmodel.vae import reconstruct
 
@@ -236,7 +238,7 @@ class RealityCheck:
         real_env = self.real_env if judge is None else JudgedEnv(self.real_env, judge, getattr(self.imagined_env, "success_chunks", 1))
         first = real_env.reset(self.task_of_episode, self.seeds)
         real = collect(policy, real_env, first, self.temperature, self.greedy)
-        result = {"real": summarize(real.success_once, self.task_of_episode)}
+        result = {"real": summarize(real.success_once, self.task_of_episode), "real_through_codec": self.through_codec}
         if self.imagined_env is not None:
             start = self.imagined_env.reset_to(first.frames, list(first.instructions))
             imagined = collect(policy, self.imagined_env, start, self.temperature, self.greedy)

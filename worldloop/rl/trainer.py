@@ -602,7 +602,8 @@ def group_starts(tasks: list[int | str], num_groups: int, group_size: int, itera
 def results_table(evaluations: list[dict[str, Any]], history: list[dict[str, Any]] = ()) -> str:
     """Markdown: real and imagined success (± standard error) at each evaluation; with ``history`` of a run with
     rl.refine_every, its world-model refinement rounds."""
-    lines = ["| iteration | real success_once | imagined success_once | agreement (chance, kappa) |", "|---|---|---|---|"]
+    real = "real success_once" + (" (observed through the VAE)" if any(r.get("real_through_codec") for r in evaluations) else "")
+    lines = [f"| iteration | {real} | imagined success_once | agreement (chance, kappa) |", "|---|---|---|---|"]
     for result in evaluations:
         imagined = _rate(result["imagined"]) if "imagined" in result else "-"
         agreement = _agreement(result) if "agreement" in result else "-"
