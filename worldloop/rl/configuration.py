@@ -121,7 +121,8 @@ class RLConfig:
     """The policy observes the real simulator through the world model's VAE (worldloop/envs/codec.py), as it
     observes imagination: the reality checks (calibration, tracking, the stop rule) and, with --env real, the
     training env. Then the policy RL makes is one that is deployed behind that VAE (`worldloop eval --world-model`).
-    In the twenty-second H200 session the VAE alone changed 0.32 of the policy's first action tokens. Needs --world-model."""
+    In the twenty-second H200 session the VAE alone changed 0.32 of the policy's first action tokens. Needs --world-model.
+    The refinement rounds' episodes (rl.refine_every) stay raw: the world model learns from the simulator's own frames."""
     eval_videos_per_task: int = 1
     """Real | imagined mp4s per task at each evaluation (one frame per chunk, the same initial state),
     written to OUT/videos/iteration_<i>_<task>_<n>.mp4; 0: none."""
