@@ -19,9 +19,11 @@
 # CODEC_EVAL=1: afterwards, the base and the final policy in the real simulator observing its frames through the world
 # model's VAE (`eval --world-model`), CODEC_EVAL_EPISODES (32) per task, the same initial states, paired (`--against`):
 # $OUT/eval-codec-base, $OUT/eval-codec-final, the change at the end of $OUT/summary.md (two real evaluations, the VAE on every frame).
+# RAW_EVAL=1: the same observing the simulator's own frames ($OUT/eval-raw-*): with rl.reality_through_codec=true in
+# RL_OVERRIDES the reality checks saw the simulator through the VAE, and CODEC_EVAL repeats them (greedy, the same states).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-if [ $# -lt 4 ]; then sed -n 2,21p "$0"; exit 2; fi
+if [ $# -lt 4 ]; then sed -n 2,23p "$0"; exit 2; fi
 POLICY=$1 WM=$2 JUDGE=$3 DATASET=$4
 TASKS=${5:-button-press-topdown-v3,drawer-open-v3}
 MINUTES=${6:-6}
@@ -87,12 +89,20 @@ for warning in results.get("warnings", []):
     print(f"warning at iteration {warning['iteration']}: {warning['message']}")
 PYEOF
 
-# 4. CODEC_EVAL=1: does what RL gained in imagination carry over to a policy that sees reality through the same VAE?
-if [ "${CODEC_EVAL:-0}" = 1 ] && [ -f "$OUT/rl/policy/config.json" ]; then
-  CODEC=(--world-model "$WM" --tasks "$TASKS" --episodes-per-task "${CODEC_EVAL_EPISODES:-32}" --greedy)
-  timeout 240 "${WL[@]}" eval "${PRESET[@]}" --policy "$POLICY" --out "$OUT/eval-codec-base" "${CODEC[@]}" "${EXTRA[@]}" >"$OUT/eval-codec.log" 2>&1
-  timeout 240 "${WL[@]}" eval "${PRESET[@]}" --policy "$OUT/rl/policy" --out "$OUT/eval-codec-final" "${CODEC[@]}" \
-    --against "$OUT/eval-codec-base/results.json" "${EXTRA[@]}" >>"$OUT/eval-codec.log" 2>&1
-  { echo; echo "real, observing through the world model's VAE (base -> final policy):"; sed -n '/^against /,$p' "$OUT/eval-codec.log"; } | tee -a "$OUT/summary.md"
+# 4. CODEC_EVAL=1 / RAW_EVAL=1: the base and the final policy in the real simulator again, greedy, the same initial states,
+#    paired: observing through the world model's VAE (does what RL gained in imagination carry over to a policy that
+#    sees reality through the same VAE?) / observing the simulator's own frames (the view the reality checks did not
+#    use when rl.reality_through_codec=true).
+paired_eval() {  # NAME TITLE [eval args]: $OUT/eval-NAME-base, $OUT/eval-NAME-final, the change appended to summary.md
+  local name=$1 title=$2; shift 2
+  local args=(--tasks "$TASKS" --episodes-per-task "${CODEC_EVAL_EPISODES:-32}" --greedy "$@")
+  timeout 240 "${WL[@]}" eval "${PRESET[@]}" --policy "$POLICY" --out "$OUT/eval-$name-base" "${args[@]}" "${EXTRA[@]}" >"$OUT/eval-$name.log" 2>&1
+  timeout 240 "${WL[@]}" eval "${PRESET[@]}" --policy "$OUT/rl/policy" --out "$OUT/eval-$name-final" "${args[@]}" \
+    --against "$OUT/eval-$name-base/results.json" "${EXTRA[@]}" >>"$OUT/eval-$name.log" 2>&1
+  { echo; echo "$title (base -> final policy):"; sed -n '/^against /,$p' "$OUT/eval-$name.log"; } | tee -a "$OUT/summary.md"
+}
+if [ -f "$OUT/rl/policy/config.json" ]; then
+  [ "${CODEC_EVAL:-0}" = 1 ] && paired_eval codec "real, observing through the world model's VAE" --world-model "$WM"
+  [ "${RAW_EVAL:-0}" = 1 ] && paired_eval raw "real, observing the simulator's own frames"
 fi
 exit $status

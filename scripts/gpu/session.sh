@@ -54,7 +54,8 @@
 # RL_EXTRA="... rl.refine_every=10 rl.refine_episodes_per_task=16", RL_ALSO="rl.refine_every=0": RL with and without the world model
 # learning from the policy's real rollouts, the fourteenth session's planned A/B; a round costs ~25 s),
 # CODEC_EVAL=1 (after RL, the base and final policies in reality observing through the world model's VAE, RL_EPISODES
-# per task, paired; see rl.sh), SIM_WORKERS (14), BENCH=0 (skip `bench sim` and the GPU benchmarks), EXPERT=0 (skip the expert's
+# per task, paired; see rl.sh), RAW_EVAL=1 (the same on the simulator's own frames: with rl.reality_through_codec=true
+# in RL_EXTRA), SIM_WORKERS (14), BENCH=0 (skip `bench sim` and the GPU benchmarks), EXPERT=0 (skip the expert's
 # evaluation), DEMOS ("1 5 20": the SFT runs of the policy chain; BASE_ROLLOUTS needs 1 among them),
 # BASE_ROLLOUTS (0: none; rollouts per task of SFT-1 for the world model and the judge).
 # A 64x64 run for the world model and RL: EXTRA="sim.image_size=64 reward.classifier.input_size=64".
@@ -218,7 +219,7 @@ if [ -n "${RL_ALSO:-}" ]; then
 fi
 MINUTES=$(minutes_left)
 mark "rl: base $POLICY on $TASKS for $MINUTES min"
-OUT="$OUT/rl" OVERRIDES="$EXTRA" RL_OVERRIDES="$RL_SETTINGS" CODEC_EVAL=${CODEC_EVAL:-0} CODEC_EVAL_EPISODES=${RL_EPISODES:-$EPISODES} \
+OUT="$OUT/rl" OVERRIDES="$EXTRA" RL_OVERRIDES="$RL_SETTINGS" CODEC_EVAL=${CODEC_EVAL:-0} RAW_EVAL=${RAW_EVAL:-0} CODEC_EVAL_EPISODES=${RL_EPISODES:-$EPISODES} \
   bash scripts/gpu/rl.sh "$POLICY" "$OUT/wm/wm" "$OUT/rewards/rw" "$DATA" "$TASKS" "$MINUTES" >"$OUT/rl.log" 2>&1
 mark "rl: exit $?"
 wait
