@@ -1,7 +1,9 @@
 """The RL trainer on the toy world: it learns, it resumes exactly, PPO runs, bad input is refused."""
 
+import dataclasses
 import json
 import math
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -285,6 +287,8 @@ def test_rl_command_refuses_incomplete_input(tmp_path, capsys):
     assert "--env real trains in the simulator itself" in capsys.readouterr().err
     assert main(args + ["rl.train_tasks=tracked"]) == 2
     assert "train_tasks 'tracked'" in capsys.readouterr().err
+    assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.drop_imagined_only=true"]) == 2
+    assert "rl.drop_imagined_only=true compares real and imagined success at each reality check: it needs --world-model" in capsys.readouterr().err
     assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.reality_through_codec=true"]) == 2
     assert "rl.reality_through_codec=true shows the policy the simulator through the world model's VAE: it needs --world-model" in capsys.readouterr().err
     assert main(args + ["--keyframes", "k", "rl.judge_threshold=replay"]) == 2  # complete arguments: on to loading them
@@ -790,11 +794,59 @@ def test_a_gain_in_imagination_alone_is_named():
 
     start = evaluation(0, 4, 33)
     warning = imagined_only_gain_diagnosis(start, evaluation(45, 76, 32))
-    assert warning.startswith(f"{IMAGINED_ONLY} on drawer-open-v3: from iteration 0 to 45, imagined +0.900") and "rl.train_tasks" in warning
+    assert warning.startswith(f"{IMAGINED_ONLY} on drawer-open-v3: from iteration 0 to 45, drawer-open-v3 imagined +0.900") and "rl.train_tasks" in warning
     assert imagined_only_gain_diagnosis(start, evaluation(45, 76, 45)) == ""  # reality rose by 12 of 80: 3.7 paired SE
     assert imagined_only_gain_diagnosis(start, evaluation(45, 8, 32)) == ""  # +4 of 80: 2.0 paired SE
     assert imagined_only_gain_diagnosis(start, evaluation(45, 4, 20)) == ""
     assert imagined_only_gain_diagnosis({"iteration": 0, "real": {"per_task": {}}}, evaluation(45, 76, 32)) == ""
+
+
+def scripted_check(tasks: list[str], imagined_successes: Callable[[int, str], int], n: int = 40):
+    """A reality check that returns given verdicts: real 20 of n on every task at every iteration; imagined
+    ``imagined_successes(iteration, task)`` of n."""
+    from worldloop.rl.rollout import summarize
+
+    names = [task for task in tasks for _ in range(n)]
+
+    def check(policy, tag: str) -> dict:
+        iteration = int(tag.removeprefix("iteration_"))
+        real = torch.tensor([e < n // 2 for _ in tasks for e in range(n)])
+        imagined = torch.tensor([e < imagined_successes(iteration, task) for task in tasks for e in range(n)])
+        verdicts = {name: "".join("1" if v else "0" for v in outcome.tolist()) for name, outcome in (("real", real), ("imagined", imagined))}
+        return {"real": summarize(real, names), "per_episode": verdicts}
+
+    return check
+
+
+def test_a_task_that_gains_in_imagination_only_is_dropped_from_training_and_stays_dropped(tmp_path):
+    """rl.drop_imagined_only: from the check that finds bottom-left's imagined success up from 2 to 38 of 40 with
+    its real one flat, training starts only top-right's groups; a resumed run keeps it dropped; a run whose every
+    task is dropped stops."""
+    tasks = ["reach-top-right", "reach-bottom-left"]
+    check = scripted_check(tasks, lambda iteration, task: 38 if task == "reach-bottom-left" and iteration >= 2 else 2)
+    started = []
+
+    class Recorded(ToyEnv):
+        def reset(self, task_ids, seeds):
+            started.append(sorted(set(task_ids)))
+            return super().reset(task_ids, seeds)
+
+    rl = config(iterations=4, eval_every=1, drop_imagined_only=True)
+    by_id = {task: index for index, task in enumerate(tasks)}.get  # the check's task names -> the training env's ids
+    results = train(ToyPolicy(), Recorded(32, tasks=tasks), rl, tmp_path / "run", tasks=[0, 1], reality_check=check, console=False, training_task_of=by_id)
+    assert started == [[0, 1], [0, 1], [0], [0]]  # iterations 1 and 2 both tasks; 3 and 4 only top-right
+    assert results["dropped_tasks"] == {"1": 2} and [h["rollout/training_tasks"] for h in results["history"]] == [2, 2, 1, 1]
+    assert any(w["message"].startswith("dropped from training at iteration 2: 1,") for w in results["warnings"])
+    started.clear()
+    resumed = train(ToyPolicy(), Recorded(32, tasks=tasks), dataclasses.replace(rl, iterations=5), tmp_path / "run", tasks=[0, 1], reality_check=check,
+                    console=False, training_task_of=by_id)  # fmt: skip
+    assert started == [[0]] and resumed["dropped_tasks"] == {"1": 2}
+    alone = train(ToyPolicy(), Recorded(32, tasks=tasks), rl, tmp_path / "alone", tasks=["reach-bottom-left"],
+                  reality_check=scripted_check(["reach-bottom-left"], lambda iteration, task: 38 if iteration >= 2 else 2), console=False)  # fmt: skip
+    assert alone["iterations"] == 2 and alone["dropped_tasks"] == {"reach-bottom-left": 2}
+    assert "no task is left: training stops" in alone["warnings"][-1]["message"]
+    off = train(ToyPolicy(), Recorded(32, tasks=tasks), config(iterations=3, eval_every=1), tmp_path / "off", tasks=[0, 1], reality_check=check, console=False)
+    assert off["iterations"] == 3 and off["dropped_tasks"] == {}  # without the option: only the warning
 
 
 def test_a_task_that_imagination_does_not_track_is_named_even_when_the_overall_kappa_is_fine():

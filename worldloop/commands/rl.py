@@ -50,6 +50,9 @@ def run(args: argparse.Namespace, config: Config) -> int:
     elif args.keyframes or args.dataset:
         raise ConfigError("--keyframes and --dataset have no use with --env real (the simulator starts from its own initial states); "
                           "--world-model and --judge, when given, measure the imagination-reality gap")
+    if rl.drop_imagined_only and not (args.world_model and args.judge and rl.eval_episodes_per_task > 0):
+        raise ConfigError("rl.drop_imagined_only=true compares real and imagined success at each reality check: it needs --world-model, "
+                          f"--judge and rl.eval_episodes_per_task > 0 (got {rl.eval_episodes_per_task})")  # fmt: skip
     if rl.reality_through_codec and not args.world_model:
         raise ConfigError("rl.reality_through_codec=true shows the policy the simulator through the world model's VAE: it needs --world-model")
     if rl.judge_threshold == "replay" and not (args.world_model and args.judge and rl.eval_episodes_per_task > 0):
@@ -131,7 +134,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
                       "calibrated through the refinement rounds")  # fmt: skip
             closers.append(refiner.real_env)
         results = train(policy, env, rl, args.out, seed=config.seed, tasks=tasks, reality_check=check, refiner=refiner,
-                        progress_bar=not args.no_progress)  # fmt: skip
+                        progress_bar=not args.no_progress, training_task_of=instruction_of if args.env == "imagined" else None)  # fmt: skip
     finally:
         for env in closers:
             env.close()

@@ -117,6 +117,12 @@ class RLConfig:
     """Tasks of the periodic real evaluation; empty: the tasks that RL trains on."""
     eval_episodes_per_task: int = 4
     """Real (and imagined) evaluation episodes per task at each evaluation."""
+    drop_imagined_only: bool = False
+    """Stop training on a task from the first reality check that finds its closed-loop imagined success risen by more
+    than 3 paired standard errors since the first check while its real success has not risen by one (the warning
+    'success rose in imagination only'): RL is exploiting the world model there (drawer-open in four H200 sessions).
+    The other training tasks take its groups; when none is left, training stops. Needs the reality check's imagined
+    run (--world-model, --judge, rl.eval_episodes_per_task > 0); results.json lists the tasks under dropped_tasks."""
     reality_through_codec: bool = False
     """The policy observes the real simulator through the world model's VAE (worldloop/envs/codec.py), as it
     observes imagination: the reality checks (calibration, tracking, the stop rule) and, with --env real, the

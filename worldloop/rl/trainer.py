@@ -58,6 +58,7 @@ def train(
     refiner: Any | None = None,
     console: bool = True,
     progress_bar: bool = True,
+    training_task_of: Callable[[str], int | str] | None = None,
 ) -> dict[str, Any]:
     """Train ``policy`` (a torch module with the Policy protocol) in ``env`` for ``rl.iterations``
     iterations, writing TensorBoard logs, checkpoints, ``results.json`` and the final policy folder
@@ -66,7 +67,9 @@ def train(
     metrics; its ``modules`` and ``stateful`` are checkpointed with the policy's, ``restore(iteration)``
     rebuilds the rest on resume, and ``save(out / "world_model")`` keeps the refined world model
     (:class:`worldloop.rl.refine.WorldModelRefiner`).
-    ``console``: one line of metrics per iteration and per evaluation; ``progress_bar``: a tqdm bar."""
+    ``console``: one line of metrics per iteration and per evaluation; ``progress_bar``: a tqdm bar.
+    ``training_task_of``: a reality check's task name -> its id in ``tasks`` (default: the name itself), for
+    rl.drop_imagined_only (the imagined env's tasks are instructions, the check's simulator task names)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     check_compatible(policy, env)
@@ -182,13 +185,36 @@ def train(
              once=False)  # fmt: skip
         return {"iteration": iteration, "fallen": fallen, "policy_from": held}
 
+    def dropped_tasks() -> dict[int | str, int]:
+        """rl.drop_imagined_only: each training task that a reality check found gaining in imagination alone -> the
+        iteration of the first such check (from the evaluations alone: a resumed run finds the same)."""
+        dropped: dict[int | str, int] = {}
+        for result in evaluations[1:] if rl.drop_imagined_only else []:
+            for task in imagined_only_tasks(evaluations[0], result):
+                task = training_task_of(task) if training_task_of is not None else task
+                if task in tasks:
+                    dropped.setdefault(task, result["iteration"])
+        return dropped
+
+    def still_training(iteration: int) -> list[int | str]:
+        """The training tasks left after this evaluation; a task dropped at it is said."""
+        dropped = dropped_tasks()
+        new = [task for task, at in dropped.items() if at == iteration]
+        left = [task for task in tasks if task not in dropped]
+        if new:
+            warn(iteration, f"{DROPPED} at iteration {iteration}: {', '.join(map(str, new))}, its success rising in imagination only "
+                            f"(rl.drop_imagined_only); " + (f"training goes on with {', '.join(map(str, left))}" if left else "no task is left: training stops"),
+                 once=False)  # fmt: skip
+        return left
+
     run_began = time.perf_counter()  # rl.time_limit_min counts from here, the first evaluation included
     slowest_iteration = max((h["time/iteration"] for h in history), default=0.0)
     if reality_check is not None and start == 0:
         evaluate(0)
         held_or_fallen(0)
+    training_tasks = [task for task in tasks if task not in dropped_tasks()]
 
-    end = start if fell else rl.iterations  # a run that stopped stays stopped when rerun
+    end = start if fell or not training_tasks else rl.iterations  # a run that stopped stays stopped when rerun
     progress = tqdm(range(start, end), initial=start, total=rl.iterations, desc="rl", disable=not (console and progress_bar))
     for iteration in progress:
         began = time.perf_counter()
@@ -196,7 +222,7 @@ def train(
 
         # 1. Collect G rollouts per initial state at the training temperature.
         policy.eval()
-        task_ids, seeds = group_starts(tasks, rl.num_groups, group_size, iteration, seed)
+        task_ids, seeds = group_starts(training_tasks, rl.num_groups, group_size, iteration, seed)
         first = env.reset(task_ids, seeds)
         rollout = collect(policy, env, first, temperature=rl.train_temperature)
         num_chunks = rollout.rewards.shape[1]
@@ -296,6 +322,7 @@ def train(
             "env/episode_len": rollout.elapsed.float().mean().item(),
             "rollout/kept_groups": keep.float().mean().item(),
             "rollout/valid_chunks": float(len(samples)),
+            "rollout/training_tasks": float(len(training_tasks)),
         }
         group_success = rollout.success_once.view(-1, group_size)
         metrics["rollout/groups_all_success"] = group_success.all(dim=1).float().mean().item()
@@ -343,13 +370,14 @@ def train(
         if reality_check is not None and (last or evaluating):
             evaluate(done_iterations)
             fell = held_or_fallen(done_iterations)
-        if last or fell or done_iterations % rl.checkpoint_every == 0:
+            training_tasks = still_training(done_iterations)
+        if last or fell or not training_tasks or done_iterations % rl.checkpoint_every == 0:
             save_checkpoint(out, done_iterations, modules, stateful,
                             {"history": history, "evaluations": evaluations, "refining": refining, "stopped": fell},
                             keep=rl.keep_checkpoints)  # fmt: skip
         if out_of_time and console:
             tqdm.write(f"rl: time limit of {rl.time_limit_min} min reached after {done_iterations} iterations")
-        if out_of_time or fell:
+        if out_of_time or fell or not training_tasks:
             break
     writer.close()
 
@@ -360,7 +388,7 @@ def train(
     if refining:
         refiner.save(out / "world_model")
     results = {"iterations": len(history), "algorithm": rl.algorithm, "history": history, "evaluations": evaluations, "warnings": warnings,
-               "stopped": fell}  # fmt: skip
+               "stopped": fell, "dropped_tasks": {str(task): at for task, at in dropped_tasks().items()}}  # fmt: skip
     atomic_write_json(out / "results.json", results)
     stop_line = "" if not fell else (f"\nStopped at iteration {fell['iteration']}: real success fell ({'; '.join(fell['fallen'])}); "
                                      f"the final policy is iteration {fell['policy_from']}'s.\n")  # fmt: skip
@@ -375,6 +403,7 @@ PESSIMISTIC = "the imagined environment is pessimistic"
 UNTRACKED = "the imagined environment does not track reality per episode"
 EXPLOITED = "the policy exploits the world model"
 IMAGINED_ONLY = "success rose in imagination only"
+DROPPED = "dropped from training"
 REAL_FELL = "real success fell"
 LARGE_UPDATE = "an update moved the policy far"
 LARGE_UPDATE_KL = 0.3  # healthy iterations of the H200 runs: approx_kl 0.01-0.07; the jumps: 0.54 and 1.43
@@ -523,26 +552,38 @@ def world_model_exploited_diagnosis(first: dict[str, Any], result: dict[str, Any
     return ""
 
 
-def imagined_only_gain_diagnosis(first: dict[str, Any], result: dict[str, Any], z: float = 3.0) -> str:
-    """A warning when, on some task, the closed-loop imagined success has risen by more than ``z`` paired standard
-    errors since the ``first`` evaluation while the real one, on the same initial states, has not risen by even
-    one: RL found a way of acting that the world model and the judge call success and the simulator does not
-    (drawer-open in the seventeenth, twentieth and twenty-second H200 sessions: +6.5, +8.9 and +26.7 paired SE in
-    imagination, real flat). The replay's kappa (:func:`world_model_exploited_diagnosis`) need not fall for this."""
+def imagined_only_tasks(first: dict[str, Any], result: dict[str, Any], z: float = 3.0) -> dict[str, str]:
+    """The tasks whose closed-loop imagined success has risen by more than ``z`` paired standard errors since the
+    ``first`` evaluation while the real one, on the same initial states, has not risen by even one, each with
+    its two changes in words ('imagined ..., real ...'); empty without per-episode verdicts."""
     imagined, real = paired_changes(first, result, "imagined"), paired_changes(first, result, "real")
     if imagined is None or real is None:
-        return ""
+        return {}
+    found = {}
     for task, change in imagined["per_task"].items():
         reality = real["per_task"].get(task)
         if reality is None or change["stderr"] == 0 or change["difference"] <= z * change["stderr"]:
             continue
         if reality["difference"] < max(reality["stderr"], 1e-12):
-            return (f"{IMAGINED_ONLY} on {task}: from iteration {first['iteration']} to {result['iteration']}, imagined "
-                    f"{format_paired(change)}, real {format_paired(reality)} on the same initial states: RL has found actions that "
-                    "the world model and the judge call success and the simulator does not. Its gains there are not real: leave the "
-                    "task out of training (rl.train_tasks), hold the policy nearer the base one (rl.kl_coef), or refine the world "
-                    "model on the policy's real rollouts (rl.refine_every); the real | replay | imagined videos show what it imagines")  # fmt: skip
-    return ""
+            found[task] = f"imagined {format_paired(change)}, real {format_paired(reality)}"
+    return found
+
+
+def imagined_only_gain_diagnosis(first: dict[str, Any], result: dict[str, Any], z: float = 3.0) -> str:
+    """A warning when, on some task, the closed-loop imagined success has risen by more than ``z`` paired standard
+    errors since the ``first`` evaluation while the real one has not risen by even one (:func:`imagined_only_tasks`):
+    RL found a way of acting that the world model and the judge call success and the simulator does not
+    (drawer-open in the seventeenth, twentieth, twenty-second and twenty-third H200 sessions: +6.5, +8.9, +26.7 and
+    +4.1 paired SE in imagination, real flat). The replay's kappa (:func:`world_model_exploited_diagnosis`) need not fall for this."""
+    found = imagined_only_tasks(first, result, z)
+    if not found:
+        return ""
+    changes = "; ".join(f"{task} {change}" for task, change in found.items())
+    return (f"{IMAGINED_ONLY} on {', '.join(found)}: from iteration {first['iteration']} to {result['iteration']}, {changes} "
+            "on the same initial states: RL has found actions that the world model and the judge call success and the simulator "
+            "does not. Its gains there are not real: leave the task out of training (rl.drop_imagined_only=true does so as soon "
+            "as this is seen, or rl.train_tasks), hold the policy nearer the base one (rl.kl_coef), or refine the world model on "
+            "the policy's real rollouts (rl.refine_every); the real | replay | imagined videos show what it imagines")  # fmt: skip
 
 
 def imagination_tracking_diagnosis(result: dict[str, Any], slight: float = 0.2, min_episodes: int = 20) -> str:
