@@ -836,7 +836,7 @@ def test_a_task_that_gains_in_imagination_only_is_dropped_from_training_and_stay
     results = train(ToyPolicy(), Recorded(32, tasks=tasks), rl, tmp_path / "run", tasks=[0, 1], reality_check=check, console=False, training_task_of=by_id)
     assert started == [[0, 1], [0, 1], [0], [0]]  # iterations 1 and 2 both tasks; 3 and 4 only top-right
     assert results["dropped_tasks"] == {"1": 2} and [h["rollout/training_tasks"] for h in results["history"]] == [2, 2, 1, 1]
-    assert any(w["message"].startswith("dropped from training at iteration 2: 1,") for w in results["warnings"])
+    assert any(w["message"].startswith("dropped from training at iteration 2: 1 (success rising in imagination only; rl.drop_imagined_only); training goes on with 0") for w in results["warnings"])
     started.clear()
     resumed = train(ToyPolicy(), Recorded(32, tasks=tasks), dataclasses.replace(rl, iterations=5), tmp_path / "run", tasks=[0, 1], reality_check=check,
                     console=False, training_task_of=by_id)  # fmt: skip

@@ -202,9 +202,9 @@ def train(
         new = [task for task, at in dropped.items() if at == iteration]
         left = [task for task in tasks if task not in dropped]
         if new:
-            warn(iteration, f"{DROPPED} at iteration {iteration}: {', '.join(map(str, new))}, its success rising in imagination only "
-                            f"(rl.drop_imagined_only); " + (f"training goes on with {', '.join(map(str, left))}" if left else "no task is left: training stops"),
-                 once=False)  # fmt: skip
+            rest = f"training goes on with {', '.join(map(str, left))}" if left else "no task is left: training stops"
+            warn(iteration, f"{DROPPED} at iteration {iteration}: {', '.join(map(str, new))} (success rising in imagination only; "
+                            f"rl.drop_imagined_only); {rest}", once=False)  # fmt: skip
         return left
 
     run_began = time.perf_counter()  # rl.time_limit_min counts from here, the first evaluation included
