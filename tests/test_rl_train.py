@@ -289,6 +289,8 @@ def test_rl_command_refuses_incomplete_input(tmp_path, capsys):
     assert "train_tasks 'tracked'" in capsys.readouterr().err
     assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.drop_imagined_only=true"]) == 2
     assert "rl.drop_imagined_only=true compares real and imagined success at each reality check: it needs --world-model" in capsys.readouterr().err
+    assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.eval_imagined_actions_in_reality=true"]) == 2
+    assert "rl.eval_imagined_actions_in_reality=true replays the imagined episodes' actions in the simulator: it needs" in capsys.readouterr().err
     assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.reality_through_codec=true"]) == 2
     assert "rl.reality_through_codec=true shows the policy the simulator through the world model's VAE: it needs --world-model" in capsys.readouterr().err
     assert main(args + ["--keyframes", "k", "rl.judge_threshold=replay"]) == 2  # complete arguments: on to loading them
@@ -486,6 +488,47 @@ def test_rates_that_match_but_verdicts_that_do_not_are_diagnosed(tmp_path):
         assert good["token_agreement"] == 1.0, good  # the same frames, the same greedy actions
         assert 0 < good["episodes_running"] <= episodes
     assert "after 1/2 chunks: PSNR" in results_table([result])
+
+
+def test_the_imagined_episodes_actions_are_done_in_the_simulator():
+    """From the true initial states, a faithful world model's imagined actions succeed in the simulator where
+    imagination said they would; imagination begun from other episodes' first frames chose actions for other
+    states, and done from the true ones they agree with its verdicts only by chance."""
+    from worldloop.rl.trainer import imagined_actions_line
+
+    class ShuffledStarts:  # the toy world model, handed another episode's first frame
+        def __init__(self, env):
+            self.env, self.num_envs = env, env.num_envs
+
+        def reset_to(self, frames, instructions):
+            return self.env.reset_to(frames[torch.randperm(len(frames))], instructions)
+
+        def __getattr__(self, name):
+            return getattr(self.env, name)
+
+    torch.manual_seed(0)
+    policy, episodes = ToyPolicy(), 96
+    faithful = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=imagined(episodes, 1), greedy=True, imagined_actions_in_reality=True)(policy)
+    acted = faithful["imagined_actions_in_reality"]
+    assert acted["kappa"] > 0.8 and acted["episodes"] == episodes, acted
+    assert len(faithful["per_episode"]["imagined_actions_in_reality"]) == episodes
+    shuffled = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=ShuffledStarts(imagined(episodes, 1)), greedy=True,
+                            imagined_actions_in_reality=True)(policy)  # fmt: skip
+    acted = shuffled["imagined_actions_in_reality"]
+    assert abs(acted["kappa"]) < 2.5 * acted["kappa_stderr"] and 0 < acted["success_once"] < 1, acted
+    assert imagined_actions_line(acted).startswith("the imagined episodes' actions done in the simulator: ") and f"per task {TASK} " in imagined_actions_line(acted)
+    assert "imagined_actions_in_reality" not in RealityCheck(ToyEnv(4), [TASK], 4, imagined_env=imagined(4, 1))(policy)  # off by default
+
+
+def test_rl_shows_and_logs_the_imagined_episodes_actions_in_the_simulator(tmp_path, capsys):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    check = RealityCheck(ToyEnv(8), [TASK], 8, imagined_env=imagined(8, 1), imagined_actions_in_reality=True)
+    train(ToyPolicy(), imagined(32, 8), config(iterations=1, eval_every=1), tmp_path / "run", reality_check=check, progress_bar=False)
+    assert "the imagined episodes' actions done in the simulator: " in capsys.readouterr().out
+    logged = EventAccumulator(str(tmp_path / "run" / "tb"))
+    logged.Reload()
+    assert "eval/success_once_imagined_actions_in_reality" in logged.Tags()["scalars"]
 
 
 def test_trajectory_tracking_on_hand_made_rollouts():

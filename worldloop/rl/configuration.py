@@ -117,6 +117,12 @@ class RLConfig:
     """Tasks of the periodic real evaluation; empty: the tasks that RL trains on."""
     eval_episodes_per_task: int = 4
     """Real (and imagined) evaluation episodes per task at each evaluation."""
+    eval_imagined_actions_in_reality: bool = False
+    """At each reality check, also drive the simulator open loop, from the same initial states, by the closed-loop
+    imagined episodes' action chunks: the simulator's verdict on what the policy did in imagination, with its kappa
+    against the imagined verdicts. Says whether a task imagination fails (door-open in the twenty-third H200 session:
+    0.04 imagined, 0.35 real) fails for the policy's actions on imagined frames or for the world model's rendering of
+    them. One more real run per check (results.json imagined_actions_in_reality). Needs --world-model and --judge."""
     drop_imagined_only: bool = False
     """Stop training on a task from the first reality check that finds its closed-loop imagined success risen by more
     than 3 paired standard errors since the first check while its real success has not risen by one (the warning

@@ -181,7 +181,13 @@ class RealityCheck:
     ``seeds`` (default: 10**6 + 1000 * task position + episode) are the same at every evaluation,
     so every evaluation sees the same initial states. ``imagined_env`` (optional) must have as many
     environments and accept ``reset_to``. With both and ``video_dir``, the first ``videos_per_task``
-    episodes of each task are written as real | replay | imagined mp4s, one frame per chunk."""
+    episodes of each task are written as real | replay | imagined mp4s, one frame per chunk.
+
+    ``imagined_actions_in_reality``: the simulator is also driven open loop, from the same initial states, by the
+    closed-loop imagined episodes' action chunks (as far as each imagined episode ran): the simulator's verdict on
+    what the policy did in imagination, against the imagined verdicts (``imagined_actions_in_reality``). Where
+    imagination fails a task the simulator too fails with those actions, the policy acted worse on the imagined
+    frames; where the simulator succeeds with them, the world model or the judge rendered them wrongly."""
 
     def __init__(
         self,
@@ -195,6 +201,7 @@ class RealityCheck:
         video_dir: str | Path | None = None,
         videos_per_task: int = 0,
         keyframe_env: Any | None = None,
+        imagined_actions_in_reality: bool = False,
     ):
         count = len(tasks) * episodes_per_task
         if real_env.num_envs != count:
@@ -217,6 +224,7 @@ class RealityCheck:
         self.labelled: LabelledEpisodes | None = None  # calibrate_judge's real episodes
         self.video_dir, self.videos_per_task = (Path(video_dir) if video_dir is not None else None), videos_per_task
         self.through_codec = isinstance(real_env, CodecObservations)  # the policy sees reality through the world model's VAE
+        self.imagined_actions_in_reality = imagined_actions_in_reality
 
     def _tokens_on_reconstructed(self, policy: Any) -> Callable[[torch.Tensor, list[str]], torch.Tensor] | None:
         """The policy's tokens on frames encoded and decoded by the imagined env's world-model VAE (None without one)."""
@@ -254,6 +262,12 @@ class RealityCheck:
                                      for name, verdicts in sources.items()}  # fmt: skip
             # every verdict, one character per episode (in the check's episode order), for paired comparisons later
             verdicts = {"real": real.success_once, "imagined": imagined.success_once} | sources
+            if self.imagined_actions_in_reality:
+                self.real_env.reset(self.task_of_episode, self.seeds)
+                acted = replay_in_reality(self.real_env, imagined)
+                # against the imagined verdicts: did what imagination called success (or failure) come true?
+                result["imagined_actions_in_reality"] = summarize(acted, self.task_of_episode) | self._versus_real(imagined.success_once, acted)
+                verdicts["imagined_actions_in_reality"] = acted
             if self.keyframe_env is not None:
                 start = self.keyframe_env.reset(list(first.instructions), self.seeds)
                 from_keyframes = collect(policy, self.keyframe_env, start, self.temperature, self.greedy)
@@ -432,6 +446,17 @@ def replay(env: Any, first: EnvReset, real: Rollout | LabelledEpisodes) -> Repla
         probability[:, t] = env.verdicts.probability.to(success.device) * executed[:, t]
         observation = step.frames[:, -1]
     return Replay(success, probability, torch.stack(images, dim=1))
+
+
+def replay_in_reality(env: VecEnv, imagined: Rollout) -> torch.Tensor:
+    """The simulator ``env`` (already reset to the imagined run's initial states) stepped open loop by the imagined
+    run's action chunks, each episode as far as it ran in imagination -> the simulator's success_once (N,)."""
+    executed = torch.cat([torch.ones_like(imagined.done[:, :1]), ~imagined.done[:, :-1]], dim=1)  # (N, T): chunk t ran in imagination
+    success = torch.zeros_like(executed[:, 0])
+    for t in range(imagined.actions.shape[1]):
+        step = env.step(imagined.actions[:, t].to(env.device))
+        success |= step.success.any(dim=1).to(success.device) & executed[:, t]
+    return success
 
 
 def trajectory_tracking(

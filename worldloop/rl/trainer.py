@@ -138,6 +138,10 @@ def train(
             line += f" | imagined {_rate(result['imagined'])} | agreement {_agreement(result)}"
             if "imagined_keyframes" in result:
                 line += f" | imagined from keyframes {_rate(result['imagined_keyframes'])}"
+            acted = result.get("imagined_actions_in_reality")
+            if acted is not None:  # the imagined episodes' actions, done in the simulator
+                writer.add_scalar("eval/success_once_imagined_actions_in_reality", acted["success_once"], iteration)
+                line += f"\n  {imagined_actions_line(acted)}"
             for row in result.get("tracking", []):
                 writer.add_scalar(f"eval/tracking/psnr_after_{row['chunks']}_chunks", row["psnr"], iteration)
                 writer.add_scalar(f"eval/tracking/psnr_initial_frame_after_{row['chunks']}_chunks", row["psnr_initial_frame"], iteration)
@@ -709,6 +713,17 @@ def _agreement(result: dict[str, Any]) -> str:
         return f"{result['agreement']:.2f}"
     kappa = format_kappa(result["kappa"], result["kappa_stderr"])
     return f"{result['agreement']:.2f} (chance {result['agreement_by_chance']:.2f}, kappa {kappa})"
+
+
+def imagined_actions_line(acted: dict[str, Any]) -> str:
+    """The simulator driven by the imagined episodes' actions: its success, overall and per task, beside its agreement
+    with the imagined verdicts (kappa '-' where a task's verdicts are all alike)."""
+
+    def kappa(numbers: dict[str, Any]) -> str:
+        return "-" if numbers["kappa"] is None else format_kappa(numbers["kappa"], numbers["kappa_stderr"])
+
+    per_task = ", ".join(f"{task} {numbers['success_once']:.2f} (kappa {kappa(acted['per_task_kappa'][task])})" for task, numbers in acted["per_task"].items())
+    return f"the imagined episodes' actions done in the simulator: {_rate(acted)}, against the imagined verdicts kappa {kappa(acted)}; per task {per_task}"
 
 
 def _rate(summary: dict[str, Any]) -> str:
