@@ -25,6 +25,19 @@ def imagined(num_envs: int, group_size: int, kir_ratio: float = 0.3) -> Imagined
     return ImaginedEnv(ToyWorldModel(), ToyJudge(), make_pool(32, 3), num_envs, group_size, max_steps=16, kir_ratio=kir_ratio)
 
 
+class ShuffledStarts:
+    """The toy world model, handed another episode's first frame: imagination from other initial states than reality's."""
+
+    def __init__(self, env):
+        self.env, self.num_envs = env, env.num_envs
+
+    def reset_to(self, frames, instructions):
+        return self.env.reset_to(frames[torch.randperm(len(frames))], instructions)
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+
 def config(**changes) -> RLConfig:
     base = dict(iterations=2, group_size=8, num_groups=4, max_steps=16, lr=3e-3, update_epochs=2, num_minibatches=2, train_temperature=1.0, checkpoint_every=1)
     return RLConfig(**(base | changes))
@@ -460,16 +473,6 @@ def test_rates_that_match_but_verdicts_that_do_not_are_diagnosed(tmp_path):
     torch.manual_seed(0)
     policy, episodes = ToyPolicy(), 96
 
-    class ShuffledStarts:  # the toy world model, handed another episode's first frame
-        def __init__(self, env):
-            self.env, self.num_envs = env, env.num_envs
-
-        def reset_to(self, frames, instructions):
-            return self.env.reset_to(frames[torch.randperm(len(frames))], instructions)
-
-        def __getattr__(self, name):
-            return getattr(self.env, name)
-
     shuffled = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=ShuffledStarts(imagined(episodes, 1)), greedy=True)
     result = shuffled(policy) | {"iteration": 0}
     assert abs(result["imagined"]["success_once"] - result["real"]["success_once"]) < 0.1, result
@@ -495,16 +498,6 @@ def test_the_imagined_episodes_actions_are_done_in_the_simulator():
     imagination said they would; imagination begun from other episodes' first frames chose actions for other
     states, and done from the true ones they agree with its verdicts only by chance."""
     from worldloop.rl.trainer import imagined_actions_line
-
-    class ShuffledStarts:  # the toy world model, handed another episode's first frame
-        def __init__(self, env):
-            self.env, self.num_envs = env, env.num_envs
-
-        def reset_to(self, frames, instructions):
-            return self.env.reset_to(frames[torch.randperm(len(frames))], instructions)
-
-        def __getattr__(self, name):
-            return getattr(self.env, name)
 
     torch.manual_seed(0)
     policy, episodes = ToyPolicy(), 96
