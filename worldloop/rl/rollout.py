@@ -432,10 +432,15 @@ class Replay:
 
 
 @torch.no_grad()
+def chunks_run(done: torch.Tensor) -> torch.Tensor:
+    """(N, T) bool: chunk t ran, i.e. the episode had not ended before it (``done``: ended by the end of chunk t)."""
+    return torch.cat([torch.ones_like(done[:, :1]), ~done[:, :-1]], dim=1)
+
+
 def replay(env: Any, first: EnvReset, real: Rollout | LabelledEpisodes) -> Replay:
     """The imagined ``env`` from the real run's initial observations, stepped by the real run's action chunks."""
     env.reset_to(first.frames, list(first.instructions))
-    executed = torch.cat([torch.ones_like(real.done[:, :1]), ~real.done[:, :-1]], dim=1)  # (N, T): chunk t ran in reality
+    executed = chunks_run(real.done)
     success = torch.zeros_like(executed[:, 0])
     probability = torch.zeros(executed.shape, device=success.device)
     observation, images = first.frames, []
@@ -451,7 +456,7 @@ def replay(env: Any, first: EnvReset, real: Rollout | LabelledEpisodes) -> Repla
 def replay_in_reality(env: VecEnv, imagined: Rollout) -> torch.Tensor:
     """The simulator ``env`` (already reset to the imagined run's initial states) stepped open loop by the imagined
     run's action chunks, each episode as far as it ran in imagination -> the simulator's success_once (N,)."""
-    executed = torch.cat([torch.ones_like(imagined.done[:, :1]), ~imagined.done[:, :-1]], dim=1)  # (N, T): chunk t ran in imagination
+    executed = chunks_run(imagined.done)
     success = torch.zeros_like(executed[:, 0])
     for t in range(imagined.actions.shape[1]):
         step = env.step(imagined.actions[:, t].to(env.device))
