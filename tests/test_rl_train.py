@@ -304,6 +304,8 @@ def test_rl_command_refuses_incomplete_input(tmp_path, capsys):
     assert "rl.drop_imagined_only=true compares real and imagined success at each reality check: it needs --world-model" in capsys.readouterr().err
     assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.eval_imagined_actions_in_reality=true"]) == 2
     assert "rl.eval_imagined_actions_in_reality=true replays the imagined episodes' actions in the simulator: it needs" in capsys.readouterr().err
+    assert main(args + ["rl.kir_ratio=0", "rl.eval_imagined_actions_in_reality=true", "rl.eval_episodes_per_task=0"]) == 2
+    assert "rl.eval_episodes_per_task > 0 (got 0)" in capsys.readouterr().err
     assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.reality_through_codec=true"]) == 2
     assert "rl.reality_through_codec=true shows the policy the simulator through the world model's VAE: it needs --world-model" in capsys.readouterr().err
     assert main(args + ["--keyframes", "k", "rl.judge_threshold=replay"]) == 2  # complete arguments: on to loading them
@@ -314,7 +316,7 @@ def test_the_reality_check_shares_the_calibrations_environments_only_on_the_same
     """rl.train_tasks=tracked may evaluate fewer tasks than the calibration ran on: then the evaluation gets its own
     simulator; on the same tasks it reuses the calibration's, from the evaluation's own initial states."""
     from worldloop.commands.rl import reality_check
-    from worldloop.config import load_config
+    from worldloop.config import ConfigError, load_config
 
     config = load_config("micro", ["rl.eval_episodes_per_task=2"])
     closers = []
@@ -332,8 +334,12 @@ def test_the_reality_check_shares_the_calibrations_environments_only_on_the_same
         from _worldmodel_fixtures import tiny_vae
 
         config.rl.reality_through_codec = True  # the policy sees this simulator through the world model's VAE
-        seen = reality_check(config, ["push-v3"], SimpleNamespace(vae=tiny_vae()), None, None, "cpu", closers)
+        world_model = SimpleNamespace(vae=tiny_vae(), image_size=config.sim.image_size)
+        seen = reality_check(config, ["push-v3"], world_model, None, None, "cpu", closers)
         assert seen.through_codec and seen.real_env.num_envs == 2
+        world_model.image_size = 2 * config.sim.image_size
+        with pytest.raises(ConfigError, match="rl.reality_through_codec: the world model works at"):
+            reality_check(config, ["push-v3"], world_model, None, None, "cpu", closers)
     finally:
         for env in closers:
             env.close()
@@ -511,6 +517,8 @@ def test_the_imagined_episodes_actions_are_done_in_the_simulator():
     assert abs(acted["kappa"]) < 2.5 * acted["kappa_stderr"] and 0 < acted["success_once"] < 1, acted
     assert imagined_actions_line(acted).startswith("the imagined episodes' actions done in the simulator: ") and f"per task {TASK} " in imagined_actions_line(acted)
     assert "imagined_actions_in_reality" not in RealityCheck(ToyEnv(4), [TASK], 4, imagined_env=imagined(4, 1))(policy)  # off by default
+    with pytest.raises(ValueError, match="it needs the imagined environment"):
+        RealityCheck(ToyEnv(4), [TASK], 4, imagined_actions_in_reality=True)
 
 
 def test_rl_shows_and_logs_the_imagined_episodes_actions_in_the_simulator(tmp_path, capsys):

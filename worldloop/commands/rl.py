@@ -53,9 +53,9 @@ def run(args: argparse.Namespace, config: Config) -> int:
     if rl.drop_imagined_only and not (args.world_model and args.judge and rl.eval_episodes_per_task > 0):
         raise ConfigError("rl.drop_imagined_only=true compares real and imagined success at each reality check: it needs --world-model, "
                           f"--judge and rl.eval_episodes_per_task > 0 (got {rl.eval_episodes_per_task})")  # fmt: skip
-    if rl.eval_imagined_actions_in_reality and not (args.world_model and args.judge):
+    if rl.eval_imagined_actions_in_reality and not (args.world_model and args.judge and rl.eval_episodes_per_task > 0):
         raise ConfigError("rl.eval_imagined_actions_in_reality=true replays the imagined episodes' actions in the simulator: it needs "
-                          "--world-model and --judge")  # fmt: skip
+                          f"--world-model, --judge and rl.eval_episodes_per_task > 0 (got {rl.eval_episodes_per_task})")  # fmt: skip
     if rl.reality_through_codec and not args.world_model:
         raise ConfigError("rl.reality_through_codec=true shows the policy the simulator through the world model's VAE: it needs --world-model")
     if rl.judge_threshold == "replay" and not (args.world_model and args.judge and rl.eval_episodes_per_task > 0):
@@ -182,6 +182,10 @@ def through_codec(env, world_model, config: Config):
     """``env`` as the policy sees it: with rl.reality_through_codec, its frames through ``world_model``'s VAE."""
     if not config.rl.reality_through_codec:
         return env
+    if world_model.image_size != config.sim.image_size:  # its VAE would still run, on frames it never learned
+        env.close()
+        raise ConfigError(f"rl.reality_through_codec: the world model works at {world_model.image_size}x{world_model.image_size}, the simulator "
+                          f"renders {config.sim.image_size}x{config.sim.image_size} (sim.image_size)")  # fmt: skip
     from worldloop.envs.codec import CodecObservations
 
     return CodecObservations(env, world_model.vae)

@@ -122,7 +122,8 @@ class RLConfig:
     imagined episodes' action chunks: the simulator's verdict on what the policy did in imagination, with its kappa
     against the imagined verdicts. Says whether a task imagination fails (door-open in the twenty-third H200 session:
     0.04 imagined, 0.35 real) fails for the policy's actions on imagined frames or for the world model's rendering of
-    them. One more real run per check (results.json imagined_actions_in_reality). Needs --world-model and --judge."""
+    them. One more real run per check (results.json imagined_actions_in_reality). Needs --world-model, --judge and
+    rl.eval_episodes_per_task > 0."""
     drop_imagined_only: bool = False
     """Stop training on a task from the first reality check that finds its closed-loop imagined success risen by more
     than 3 paired standard errors since the first check while its real success has not risen by one (the warning
@@ -133,7 +134,8 @@ class RLConfig:
     """The policy observes the real simulator through the world model's VAE (worldloop/envs/codec.py), as it
     observes imagination: the reality checks (calibration, tracking, the stop rule) and, with --env real, the
     training env. Then the policy RL makes is one that is deployed behind that VAE (`worldloop eval --world-model`).
-    In the twenty-second H200 session the VAE alone changed 0.32 of the policy's first action tokens. Needs --world-model.
+    In the twenty-second H200 session the VAE alone changed 0.32 of the policy's first action tokens. Needs --world-model
+    at sim.image_size.
     The refinement rounds' episodes (rl.refine_every) stay raw: the world model learns from the simulator's own frames."""
     eval_videos_per_task: int = 1
     """Real | imagined mp4s per task at each evaluation (one frame per chunk, the same initial state),

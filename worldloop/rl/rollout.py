@@ -212,6 +212,8 @@ class RealityCheck:
             # found now, not after a whole real evaluation: the imagined run starts from the real frames, and its judge reads them
             raise ValueError(f"the real evaluation env renders {real_env.image_size}x{real_env.image_size} frames but the imagined one "
                              f"{imagined_env.image_size}x{imagined_env.image_size}: evaluate at the world model's resolution (sim.image_size)")
+        if imagined_actions_in_reality and imagined_env is None:
+            raise ValueError("imagined_actions_in_reality replays the imagined episodes' actions: it needs the imagined environment")
         if keyframe_env is not None and (imagined_env is None or keyframe_env.num_envs != count):
             raise ValueError(f"the keyframe evaluation needs the imagined one beside it and {count} envs")
         self.real_env, self.imagined_env, self.keyframe_env = real_env, imagined_env, keyframe_env
