@@ -36,6 +36,7 @@
 # "world_model.context_channels=false": eval-wm and the judge's calibration on its replays; only the first
 # trains the judge and goes on to RL; see worldmodel.sh),
 # VAE_LAYOUT_BENCH (1: `bench vae-train` during the collection, and the VAE trains in the faster memory layout),
+# SFT_CODEC (1: without WM_FROM, SFT waits for this lease's VAE and trains at sft.augment_codec / measures through it),
 # WM_FROM (a world-model folder from an earlier lease, vae/ included: the DiT trains on from it, for
 # WM_SECONDS more, on its VAE; no VAE is trained; the SFT runs measure their policies on frames through its VAE and
 # train on them at sft.augment_codec, e.g. EXTRA="... sft.augment_codec=0.5"; WM_SECONDS=0: used as it is, so the judge, then RL, need not
@@ -124,8 +125,18 @@ if grep -qx "faster: channels_last" "$OUT/bench/bench_vae_train.txt" 2>/dev/null
 
 # ---------------------------------------------------------------------------- phase 2
 # With a carried world model, SFT measures its policies on the frames through that model's VAE (and trains on them
-# at sft.augment_codec): the VAE of a world model trained in this lease does not exist yet when SFT starts.
-(OUT="$OUT/policy" EPISODES=$EPISODES SFT_WORLD_MODEL=${WM_FROM:-} bash scripts/gpu/policy.sh "$DATA" >"$OUT/policy.log" 2>&1; mark "policy chain: exit $?") &
+# at sft.augment_codec). Without one, SFT_CODEC=1 makes SFT wait for this lease's VAE and use it so: the VAE's
+# training time (~4 min) then delays SFT, the base policy's rollouts and the DiT that waits for them.
+SFT_CODEC_FROM=${WM_FROM:-}
+[ -z "$SFT_CODEC_FROM" ] && [ "${SFT_CODEC:-0}" = 1 ] && SFT_CODEC_FROM="$OUT/wm/vae"
+(
+  if [ "$SFT_CODEC_FROM" = "$OUT/wm/vae" ]; then
+    for _ in $(seq 180); do [ -f "$OUT/wm/vae/metrics.json" ] && break; sleep 5; done
+    [ -f "$OUT/wm/vae/metrics.json" ] || { mark "policy chain: no VAE after 15 min (SFT_CODEC=1): SFT on raw frames"; SFT_CODEC_FROM=""; EXTRA="$EXTRA sft.augment_codec=0"; }
+  fi
+  OUT="$OUT/policy" EPISODES=$EPISODES SFT_WORLD_MODEL=$SFT_CODEC_FROM bash scripts/gpu/policy.sh "$DATA" >"$OUT/policy.log" 2>&1
+  mark "policy chain: exit $?"
+) &
 policy_chain=$!
 MORE_DATA=""
 if [ "${BASE_ROLLOUTS:-0}" -gt 0 ]; then
