@@ -511,10 +511,18 @@ def test_the_imagined_episodes_actions_are_done_in_the_simulator():
     acted = faithful["imagined_actions_in_reality"]
     assert acted["kappa"] > 0.8 and acted["episodes"] == episodes, acted
     assert len(faithful["per_episode"]["imagined_actions_in_reality"]) == episodes
+    # the same frames, the same greedy actions: done in the simulator they are the closed loop's, episode by episode
+    versus = acted["versus_closed_loop"]
+    assert versus["gained"] == versus["lost"] == 0 and versus["episodes"] == episodes and TASK in versus["per_task"], versus
     shuffled = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=ShuffledStarts(imagined(episodes, 1)), greedy=True,
                             imagined_actions_in_reality=True)(policy)  # fmt: skip
     acted = shuffled["imagined_actions_in_reality"]
     assert abs(acted["kappa"]) < 2.5 * acted["kappa_stderr"] and 0 < acted["success_once"] < 1, acted
+    # actions chosen for other states: some episodes flip against the closed loop, and the paired difference is the rates'
+    versus = acted["versus_closed_loop"]
+    assert versus["gained"] + versus["lost"] > 0, versus
+    assert versus["difference"] == pytest.approx(acted["success_once"] - shuffled["real"]["success_once"]), versus
+    assert "those actions against the policy's own in the simulator: " in imagined_actions_line(acted)
     assert imagined_actions_line(acted).startswith("the imagined episodes' actions done in the simulator: ") and f"per task {TASK} " in imagined_actions_line(acted)
     assert "imagined_actions_in_reality" not in RealityCheck(ToyEnv(4), [TASK], 4, imagined_env=imagined(4, 1))(policy)  # off by default
     with pytest.raises(ValueError, match="it needs the imagined environment"):
@@ -527,6 +535,7 @@ def test_rl_shows_and_logs_the_imagined_episodes_actions_in_the_simulator(tmp_pa
     check = RealityCheck(ToyEnv(8), [TASK], 8, imagined_env=imagined(8, 1), imagined_actions_in_reality=True)
     train(ToyPolicy(), imagined(32, 8), config(iterations=1, eval_every=1), tmp_path / "run", reality_check=check, progress_bar=False)
     assert "the imagined episodes' actions done in the simulator: " in capsys.readouterr().out
+    assert "- iteration 0: the imagined episodes' actions done in the simulator: " in (tmp_path / "run" / "results.md").read_text()
     logged = EventAccumulator(str(tmp_path / "run" / "tb"))
     logged.Reload()
     assert "eval/success_once_imagined_actions_in_reality" in logged.Tags()["scalars"]

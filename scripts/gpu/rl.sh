@@ -101,7 +101,12 @@ paired_eval() {  # NAME TITLE [eval args]: $OUT/eval-NAME-base, $OUT/eval-NAME-f
     --against "$OUT/eval-$name-base/results.json" "${EXTRA[@]}" >>"$OUT/eval-$name.log" 2>&1
   { echo; echo "$title (base -> final policy):"; sed -n '/^against /,$p' "$OUT/eval-$name.log"; } | tee -a "$OUT/summary.md"
 }
-if [ -f "$OUT/rl/policy/config.json" ]; then
+# A run stopped by rl.stop_when_real_falls_se at its second check keeps iteration 0's weights: nothing to compare.
+KEPT_BASE=$("$PY" -c "import json, sys; s = json.load(open(sys.argv[1])).get('stopped') or {}; print(int(s.get('policy_from', -1) == 0))" \
+  "$OUT/rl/results.json" 2>/dev/null || echo 0)
+if [ "$KEPT_BASE" = 1 ] && [ "${CODEC_EVAL:-0}${RAW_EVAL:-0}" != 00 ]; then
+  { echo; echo "no paired evaluation: RL stopped and kept iteration 0's policy, the base one"; } | tee -a "$OUT/summary.md"
+elif [ -f "$OUT/rl/policy/config.json" ]; then
   [ "${CODEC_EVAL:-0}" = 1 ] && paired_eval codec "real, observing through the world model's VAE" --world-model "$WM"
   [ "${RAW_EVAL:-0}" = 1 ] && paired_eval raw "real, observing the simulator's own frames"
 fi

@@ -143,11 +143,14 @@ def summarize(success_once: torch.Tensor, task_names: Sequence[str]) -> dict[str
     return {"success_once": rate, "stderr": stderr, "episodes": len(outcomes), "per_task": per_task}
 
 
-def paired_changes(first: dict[str, Any], later: dict[str, Any], source: str = "real") -> dict[str, Any] | None:
+def paired_changes(first: dict[str, Any], later: dict[str, Any], source: str = "real", later_source: str | None = None) -> dict[str, Any] | None:
     """How ``source``'s verdicts (real, imagined, ...) changed between two reality checks of the same episodes,
     overall and per task, paired episode by episode (:func:`worldloop.utils.stats.paired_difference`); None
-    when either check kept no per-episode verdicts of ``source`` or they are of different episodes."""
-    before, after = (result.get("per_episode", {}).get(source) for result in (first, later))
+    when either check kept no per-episode verdicts of ``source`` or they are of different episodes.
+    ``later_source`` compares ``later``'s verdicts of another source instead (one check against itself: the
+    closed loop in reality against the imagined episodes' actions done there)."""
+    before = first.get("per_episode", {}).get(source)
+    after = later.get("per_episode", {}).get(later_source or source)
     layout = [[(task, numbers["episodes"]) for task, numbers in result["real"]["per_task"].items()] for result in (first, later)]
     if before is None or after is None or len(before) != len(after) or len(after) < 2 or layout[0] != layout[1]:
         return None  # not the same episodes: other tasks, or as many episodes split otherwise
@@ -187,7 +190,8 @@ class RealityCheck:
     closed-loop imagined episodes' action chunks (as far as each imagined episode ran): the simulator's verdict on
     what the policy did in imagination, against the imagined verdicts (``imagined_actions_in_reality``). Where
     imagination fails a task the simulator too fails with those actions, the policy acted worse on the imagined
-    frames; where the simulator succeeds with them, the world model or the judge rendered them wrongly."""
+    frames; where the simulator succeeds with them, the world model or the judge rendered them wrongly. Its
+    ``versus_closed_loop``: those actions' success against the policy's own in reality, paired per episode."""
 
     def __init__(
         self,
@@ -277,6 +281,8 @@ class RealityCheck:
                 result["imagined_keyframes"] = summarize(from_keyframes.success_once, self.task_of_episode) | {"keyframe_starts": share}
                 verdicts["imagined_keyframes"] = from_keyframes.success_once
             result["per_episode"] = {name: "".join("1" if v else "0" for v in outcome.tolist()) for name, outcome in verdicts.items()}
+            if self.imagined_actions_in_reality:  # did the actions chosen on imagined frames do better than those chosen on real ones?
+                result["imagined_actions_in_reality"]["versus_closed_loop"] = paired_changes(result, result, "real", "imagined_actions_in_reality")
             if self.video_dir is not None and self.videos_per_task > 0:
                 self._write_videos(real, replayed, imagined, tag)
         return result

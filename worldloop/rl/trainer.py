@@ -665,6 +665,10 @@ def results_table(evaluations: list[dict[str, Any]], history: list[dict[str, Any
         lines += ["", "Per task: success, and in brackets the per-episode kappa against the simulator within the task:", "",
                   "| iteration | task | real | judge on real | replay | closed loop |", "|---|---|---|---|---|---|"]
         lines += [row for result in sourced for row in sources_by_task_rows(result)]
+    acted = [result for result in evaluations if result.get("imagined_actions_in_reality")]
+    if acted:
+        lines += ["", "The simulator driven open loop by the closed-loop imagined episodes' actions, from the same initial states:", ""]
+        lines += [f"- iteration {result['iteration']}: {imagined_actions_line(result['imagined_actions_in_reality'])}" for result in acted]
     rounds = [h for h in history if "world_model/refine_real_success" in h]
     if rounds:
         judged = any("world_model/judge_threshold" in h for h in rounds)  # rl.judge_threshold=replay: chosen again each round
@@ -723,7 +727,12 @@ def imagined_actions_line(acted: dict[str, Any]) -> str:
         return "-" if numbers["kappa"] is None else format_kappa(numbers["kappa"], numbers["kappa_stderr"])
 
     per_task = ", ".join(f"{task} {numbers['success_once']:.2f} (kappa {kappa(acted['per_task_kappa'][task])})" for task, numbers in acted["per_task"].items())
-    return f"the imagined episodes' actions done in the simulator: {_rate(acted)}, against the imagined verdicts kappa {kappa(acted)}; per task {per_task}"
+    line = f"the imagined episodes' actions done in the simulator: {_rate(acted)}, against the imagined verdicts kappa {kappa(acted)}; per task {per_task}"
+    versus = acted.get("versus_closed_loop")
+    if versus:  # absent in runs from before it
+        per_task = ", ".join(f"{task} {format_paired(change)}" for task, change in versus["per_task"].items())
+        line += f"\n  those actions against the policy's own in the simulator: {format_paired(versus)}; per task {per_task}"
+    return line
 
 
 def _rate(summary: dict[str, Any]) -> str:
