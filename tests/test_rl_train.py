@@ -113,6 +113,21 @@ def test_resume_gives_the_same_next_step(tmp_path):
     assert not all(torch.equal(a, b) for a, b in zip(straight.state_dict().values(), different.state_dict().values()))
 
 
+def test_a_resumed_run_keeps_the_warnings_from_before_the_resume(tmp_path):
+    """Imagination begun from other episodes' first frames does not track reality: iteration 0's check warns, and
+    the run resumed after its first iteration still lists that warning in results.json."""
+
+    def run(iterations: int) -> dict:
+        torch.manual_seed(0)
+        check = RealityCheck(ToyEnv(32), [TASK], 32, imagined_env=ShuffledStarts(imagined(32, 1)), greedy=True)
+        return train(ToyPolicy(), imagined(32, 8), config(iterations=iterations, eval_every=1), tmp_path / "run", reality_check=check, console=False)
+
+    first = run(1)
+    assert [w["iteration"] for w in first["warnings"]][:1] == [0], first["warnings"]
+    resumed = run(2)
+    assert resumed["iterations"] == 2 and resumed["warnings"][: len(first["warnings"])] == first["warnings"], resumed["warnings"]
+
+
 def test_ppo_and_grpo_in_the_real_env(tmp_path):
     torch.manual_seed(0)
     rl = config(algorithm="ppo", group_size=4, num_groups=4)

@@ -96,6 +96,7 @@ def train(
     if checkpoint is not None:
         start, extra = load_checkpoint(checkpoint, modules, stateful)
         history, evaluations, fell = extra["history"], extra["evaluations"], extra.get("stopped")
+        warnings, silent = extra.get("warnings", []), extra.get("silent", 0)  # absent in checkpoints from before they were kept
         if extra.get("refining") and not refining:  # its refined world model lives in the checkpoint: without it the run would go on in the old one
             raise ValueError(f"{out} refined its world model on the policy's real rollouts (rl.refine_every); resume it with the same rl.refine_* settings")
         if refining:
@@ -377,7 +378,7 @@ def train(
             training_tasks = still_training(done_iterations)
         if last or fell or not training_tasks or done_iterations % rl.checkpoint_every == 0:
             save_checkpoint(out, done_iterations, modules, stateful,
-                            {"history": history, "evaluations": evaluations, "refining": refining, "stopped": fell},
+                            {"history": history, "evaluations": evaluations, "refining": refining, "stopped": fell, "warnings": warnings, "silent": silent},
                             keep=rl.keep_checkpoints)  # fmt: skip
         if out_of_time and console:
             tqdm.write(f"rl: time limit of {rl.time_limit_min} min reached after {done_iterations} iterations")
