@@ -13,6 +13,7 @@ from worldloop.rl.advantages import (
     informative_groups,
     loss_mask,
     sample_weights,
+    shuffled_within_groups,
     trajectory_scores,
 )
 from worldloop.rl.losses import clipped_policy_loss, clipped_value_loss, entropy_bonus, kl_penalty
@@ -50,6 +51,20 @@ def test_grpo_advantages_by_hand():
     assert informative_groups(scores, 4).tolist() == [T] * 4 + [F] * 8
     with pytest.raises(ValueError, match="groups of 5"):
         grpo_advantages(scores, 5)
+
+
+def test_shuffled_scores_keep_each_groups_scores_and_cut_their_link_to_the_trajectories():
+    scores = torch.tensor([0.0, 5.0, 5.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 4.0])  # three groups of 4
+    draws = [shuffled_within_groups(scores, 4, torch.Generator().manual_seed(seed)) for seed in range(20)]
+    for shuffled in draws:
+        for g in range(3):  # the same scores in every group: mean, spread and informativeness unchanged
+            assert sorted(shuffled[4 * g : 4 * g + 4].tolist()) == sorted(scores[4 * g : 4 * g + 4].tolist())
+        assert torch.equal(informative_groups(shuffled, 4), informative_groups(scores, 4))
+    assert torch.equal(draws[0], shuffled_within_groups(scores, 4, torch.Generator().manual_seed(0)))  # seeded: a resumed run draws the same
+    moved = torch.stack([d != scores for d in draws]).float().mean(dim=0)
+    assert moved[4:8].sum() == 0 and (moved[8:] > 0.5).all(), moved  # an all-equal group cannot change; 1,2,3,4 rarely stays put
+    with pytest.raises(ValueError, match="groups of 4"):
+        shuffled_within_groups(scores[:10], 4, torch.Generator())
 
 
 def test_sample_weights_length_normalisation_by_hand():

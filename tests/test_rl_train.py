@@ -91,6 +91,23 @@ def test_rl_in_imagination_raises_real_success(tmp_path):
     assert {"eval/success_once", "eval/kappa_replayed", f"eval/{TASK}/kappa_replayed", f"eval/{TASK}/kappa_imagined"} <= tags, sorted(tags)
 
 
+def test_rl_with_shuffled_scores_does_not_raise_real_success(tmp_path):
+    """The control run (rl.reward_control=shuffled): the same toy world and settings as above, each group's scores
+    credited to its members at random. As many groups carry a 'signal', the policy moves, and real success does not rise."""
+    torch.manual_seed(0)
+    episodes = 192
+    check = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=imagined(episodes, 1))
+    rl = config(iterations=30, num_groups=8, eval_every=0, reward_control="shuffled")
+    results = train(ToyPolicy(), imagined(rl.num_groups * rl.group_size, rl.group_size), rl, tmp_path / "run", reality_check=check, console=False)
+    before, after = results["evaluations"][0]["real"], results["evaluations"][-1]["real"]
+    assert after["success_once"] - before["success_once"] < 2 * math.hypot(before["stderr"], after["stderr"]), (before, after)
+    assert results["reward_control"] == "shuffled" and (tmp_path / "run" / "results.md").read_text().startswith("A control run")
+    kept = [h["rollout/kept_groups"] for h in results["history"]]
+    assert sum(kept) / len(kept) > 0.2 and max(h.get("actor/approx_kl", 0.0) for h in results["history"]) > 1e-3, results["history"][-1]
+    with pytest.raises(ValueError, match="PPO's per-chunk rewards have no groups"):
+        config(algorithm="ppo", reward_control="shuffled").validate()
+
+
 def _run(folder, iterations):
     torch.manual_seed(0)
     policy = ToyPolicy()

@@ -46,6 +46,15 @@ def grpo_advantages(scores: torch.Tensor, group_size: int) -> torch.Tensor:
     return ((groups - mean) / (std + EPS)).reshape(-1)
 
 
+def shuffled_within_groups(scores: torch.Tensor, group_size: int, generator: torch.Generator) -> torch.Tensor:
+    """rl.reward_control 'shuffled': each group's scores in a random order of its own (a uniform permutation per
+    group, drawn from ``generator`` on the CPU). Every group keeps its scores, so its mean, spread and whether it
+    is informative; each trajectory gets a score another member earned. (N,) -> (N,)."""
+    groups = _grouped(scores, group_size)
+    order = torch.rand(groups.shape, generator=generator).argsort(dim=1).to(scores.device)
+    return groups.gather(1, order).reshape(-1)
+
+
 def informative_groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
     """(N,) bool per trajectory: its group's scores are not all equal (not all-fail, not all-success)."""
     groups = _grouped(scores, group_size)

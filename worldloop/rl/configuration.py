@@ -70,6 +70,12 @@ class RLConfig:
     """Divide each trajectory's loss by its valid length, so every trajectory weighs the same; False: plain token mean."""
     filter_groups: bool = True
     """Drop groups whose scores are all equal (all fail or all succeed): they carry no GRPO signal."""
+    reward_control: Literal["none", "shuffled"] = "none"
+    """'shuffled': a control run (GRPO only). Each group's trajectory scores are permuted among its members before
+    the advantages, so a rollout is credited with another rollout's score from the same initial state: the kept
+    groups, the advantages' sizes and the loss masks stay as in a real run, only the link between what a rollout did
+    and its reward is cut. Real success that rises under it does not come from imagination's reward (door-open rose
+    in reality in four sessions while its imagined verdicts agreed with its actions' real outcome at kappa 0.03)."""
     update_epochs: int = 2
     """Passes over each rollout batch in the update."""
     num_minibatches: int = 4
@@ -189,6 +195,10 @@ class RLConfig:
             raise ValueError("iterations >= 0, group_size >= 1, num_groups >= 1 and max_steps >= 1 are required")
         if self.algorithm == "grpo" and self.group_size < 2:
             raise ValueError(f"GRPO needs group_size >= 2 to compare rollouts, got {self.group_size}")
+        if self.reward_control not in ("none", "shuffled"):
+            raise ValueError(f"reward_control is 'none' or 'shuffled', got {self.reward_control!r}")
+        if self.reward_control == "shuffled" and self.algorithm != "grpo":
+            raise ValueError("reward_control 'shuffled' permutes GRPO's trajectory scores within groups; PPO's per-chunk rewards have no groups")
         if self.success_chunks < 1:
             raise ValueError(f"success_chunks must be >= 1, got {self.success_chunks}")
         if isinstance(self.judge_threshold, float) and not 0.0 < self.judge_threshold < 1.0:

@@ -37,7 +37,16 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from worldloop.envs.protocol import VecEnv
-from worldloop.rl.advantages import explained_variance, gae, grpo_advantages, informative_groups, loss_mask, sample_weights, trajectory_scores
+from worldloop.rl.advantages import (
+    explained_variance,
+    gae,
+    grpo_advantages,
+    informative_groups,
+    loss_mask,
+    sample_weights,
+    shuffled_within_groups,
+    trajectory_scores,
+)
 from worldloop.rl.configuration import RLConfig
 from worldloop.rl.curves import plot_curves
 from worldloop.rl.losses import clipped_policy_loss, clipped_value_loss, entropy_bonus, kl_penalty
@@ -238,6 +247,8 @@ def train(
         # 2. Scores over the valid chunks: up to and including the first success (or the end of the episode).
         mask = loss_mask(rollout.done | rollout.success, rl.mask_after_success)  # (N, T)
         scores = trajectory_scores(rollout.rewards, mask)  # (N,)
+        if rl.reward_control == "shuffled":  # the control run: the same groups' scores, each credited to another member
+            scores = shuffled_within_groups(scores, group_size, torch.Generator().manual_seed(seed * 1_000_003 + iteration))
 
         # 3. Advantages: group-relative (GRPO) or GAE (PPO); groups that all fail or all succeed carry no signal.
         if ppo:
@@ -392,12 +403,15 @@ def train(
     policy.save_pretrained(out / "policy")
     if refining:
         refiner.save(out / "world_model")
-    results = {"iterations": len(history), "algorithm": rl.algorithm, "history": history, "evaluations": evaluations, "warnings": warnings,
+    results = {"iterations": len(history), "algorithm": rl.algorithm, "reward_control": rl.reward_control, "history": history,
+               "evaluations": evaluations, "warnings": warnings,
                "stopped": fell, "dropped_tasks": {str(task): at for task, at in dropped_tasks().items()}}  # fmt: skip
     atomic_write_json(out / "results.json", results)
     stop_line = "" if not fell else (f"\nStopped at iteration {fell['iteration']}: real success fell ({'; '.join(fell['fallen'])}); "
                                      f"the final policy is iteration {fell['policy_from']}'s.\n")  # fmt: skip
-    atomic_write_text(out / "results.md", results_table(evaluations, history) + stop_line)
+    control = ("A control run (rl.reward_control=shuffled): each rollout was credited with another's score from its group.\n\n"
+               if rl.reward_control == "shuffled" else "")  # fmt: skip
+    atomic_write_text(out / "results.md", control + results_table(evaluations, history) + stop_line)
     plot_curves(results, out / "curves.png")
     return results
 
