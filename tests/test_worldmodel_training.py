@@ -294,8 +294,14 @@ def test_reconstruct_encodes_and_decodes_each_frame_on_its_own(vae):
     frames = torch.stack([torch.as_tensor(e.frames[3]) for e in square_episodes(3, seed=5)])
     out = reconstruct(vae, frames)
     assert out.shape == frames.shape and out.dtype == torch.uint8
-    assert torch.equal(out[1:2], decode(vae, encode(vae, frames[1:2, None]))[:, 0])  # a batch changes nothing
-    assert torch.equal(reconstruct(vae, frames[2:]), out[2:])
+    # A batch changes nothing but float rounding: convolution kernels may sum in another order for another batch
+    # size (seen on one CPU), which moves a pixel by one level at most; a frame mixed with its neighbours moves many.
+    def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return (a.int() - b.int()).abs().max().item() <= 1
+
+    assert close(out[1:2], decode(vae, encode(vae, frames[1:2, None]))[:, 0])
+    assert close(reconstruct(vae, frames[2:]), out[2:])
+    assert not close(out[1:2], out[2:3])  # other frames do differ
 
 
 def test_sharpness_counts_fine_detail_that_psnr_forgives():
