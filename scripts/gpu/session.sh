@@ -51,7 +51,8 @@
 # RL_TASKS ("": phase 3's choice; comma-separated MT10 tasks instead, e.g. to avoid a scene the world model
 # renders badly: see the per-task rows of wm/summary.txt), RL_ALSO (more rl.* overrides of a second RL run beside
 # the first, on the same GPU, tasks and keyframes, into $OUT/rl-also, for an A/B; e.g. "rl.kir_ratio=1.0 rl.max_steps=96":
-# short rollouts from keyframes only; both runs' evaluations start from first frames and run sim.max_steps); or, with
+# short rollouts from keyframes only; both runs' evaluations start from first frames and run sim.max_steps; or
+# "rl.reward_control=shuffled": the control arm, whose rollouts are credited with another group member's score); or, with
 # RL_EXTRA="... rl.refine_every=10 rl.refine_episodes_per_task=16", RL_ALSO="rl.refine_every=0": RL with and without the world model
 # learning from the policy's real rollouts, the fourteenth session's planned A/B; a round costs ~25 s),
 # CODEC_EVAL=1 (after RL, the base and final policies in reality observing through the world model's VAE, RL_EPISODES
