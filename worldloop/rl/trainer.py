@@ -745,8 +745,8 @@ def imagined_actions_line(acted: dict[str, Any]) -> str:
     line = f"the imagined episodes' actions done in the simulator: {_rate(acted)}, against the imagined verdicts kappa {kappa(acted)}; per task {per_task}"
     versus = acted.get("versus_closed_loop")
     if versus:  # absent in runs from before it
-        per_task = ", ".join(f"{task} {format_paired(change)}" for task, change in versus["per_task"].items())
-        line += f"\n  those actions against the policy's own in the simulator: {format_paired(versus)}; per task {per_task}"
+        changes = ", ".join(f"{task} {format_paired(change)}" for task, change in versus["per_task"].items())
+        line += f"\n  those actions against the policy's own in the simulator: {format_paired(versus)}; per task {changes}"
     return line
 
 
