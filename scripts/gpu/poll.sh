@@ -15,6 +15,12 @@ wait_s=${3:-530}
 name=${4:-results}
 max_parts=${MAX_PARTS:-3}  # 15 MB each: a call brings back ~64 MB at most
 here=$(cd "$(dirname "$0")" && pwd)
+if [ ! -d "$root" ]; then
+  # a fresh machine: the one that ran the session went back between calls (the twenty-fifth session's last call
+  # waited its whole 455 s here for nothing); say so at once and keep the lease's time
+  echo "poll.sh: $root does not exist: this machine did not run the session (the previous one went back between calls); its results are lost, nothing to wait for" >&2
+  exit 3
+fi
 mkdir -p "$dest"
 sent=0 left=0
 send_parts() {  # the manifests, then not yet sent parts up to max_parts in this call
