@@ -533,6 +533,24 @@ def test_rates_that_match_but_verdicts_that_do_not_are_diagnosed(tmp_path):
     assert "after 1/2 chunks: PSNR" in results_table([result])
 
 
+def test_each_check_after_the_first_shows_its_paired_changes_since_the_first():
+    """The criterion's numbers (real and imagined success since iteration 0, paired per episode) at every check's
+    console line: a run whose results.json is lost keeps them in its log."""
+    from worldloop.rl.trainer import since_first_line
+
+    def check(iteration: int, real: str, imagined: str) -> dict:
+        return {"iteration": iteration, "real": {"per_task": {"door": {"episodes": 4}, "drawer": {"episodes": 4}}},
+                "per_episode": {"real": real, "imagined": imagined}}  # fmt: skip
+
+    first = check(0, "00001111", "00000000")
+    line = since_first_line(first, check(10, "11001111", "00000001"))
+    assert line.startswith("since iteration 0, paired: real +0.250 (paired SE 0.164, +1.5 SE; 2 gained, 0 lost)"), line
+    assert "per task door +0.500 (paired SE 0.289, +1.7 SE; 2 gained, 0 lost), drawer +0.000 (no episode changed)" in line
+    assert "| imagined +0.125 (paired SE 0.125, +1.0 SE; 1 gained, 0 lost)" in line
+    assert since_first_line(first, first) == ""  # the first check has nothing to compare with
+    assert since_first_line({"iteration": 0, "real": first["real"]}, check(10, "11001111", "0" * 8)) == ""  # no verdicts kept
+
+
 def test_the_imagined_episodes_actions_are_done_in_the_simulator():
     """From the true initial states, a faithful world model's imagined actions succeed in the simulator where
     imagination said they would; imagination begun from other episodes' first frames chose actions for other

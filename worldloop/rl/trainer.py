@@ -178,6 +178,9 @@ def train(
                             world_model_exploited_diagnosis(evaluations[0], result), imagined_only_gain_diagnosis(evaluations[0], result)):  # fmt: skip
                 if warning:
                     warn(iteration, warning)
+        since = since_first_line(evaluations[0], result)
+        if since:  # the criterion's numbers on the console (and so in the log) at every check, not only in results.json
+            line += "\n  " + since
         eval_seconds = result["seconds"] = time.perf_counter() - began
         writer.add_scalar("time/eval", eval_seconds, iteration)
         if console:
@@ -748,6 +751,20 @@ def imagined_actions_line(acted: dict[str, Any]) -> str:
         changes = ", ".join(f"{task} {format_paired(change)}" for task, change in versus["per_task"].items())
         line += f"\n  those actions against the policy's own in the simulator: {format_paired(versus)}; per task {changes}"
     return line
+
+
+def since_first_line(first: dict[str, Any], result: dict[str, Any]) -> str:
+    """Real and closed-loop imagined success since the ``first`` evaluation, paired over the same initial states,
+    overall and per task ('' for the first evaluation itself, or without per-episode verdicts)."""
+    if result is first:
+        return ""
+    parts = []
+    for source in ("real", "imagined"):
+        change = paired_changes(first, result, source)
+        if change is not None:
+            per_task = ", ".join(f"{task} {format_paired(c)}" for task, c in change["per_task"].items())
+            parts.append(f"{source} {format_paired(change)}; per task {per_task}")
+    return f"since iteration {first['iteration']}, paired: " + " | ".join(parts) if parts else ""
 
 
 def _rate(summary: dict[str, Any]) -> str:
