@@ -340,6 +340,8 @@ def test_rl_command_refuses_incomplete_input(tmp_path, capsys):
     assert "rl.eval_imagined_actions_in_reality=true replays the imagined episodes' actions in the simulator: it needs" in capsys.readouterr().err
     assert main(args + ["rl.kir_ratio=0", "rl.eval_imagined_actions_in_reality=true", "rl.eval_episodes_per_task=0"]) == 2
     assert "rl.eval_episodes_per_task > 0 (got 0)" in capsys.readouterr().err
+    assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.eval_imagination_repeat=true"]) == 2
+    assert "rl.eval_imagination_repeat=true replays the imagined episodes' actions in imagination: it needs" in capsys.readouterr().err
     assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.reality_through_codec=true"]) == 2
     assert "rl.reality_through_codec=true shows the policy the simulator through the world model's VAE: it needs --world-model" in capsys.readouterr().err
     assert main(args + ["--keyframes", "k", "rl.judge_threshold=replay"]) == 2  # complete arguments: on to loading them
@@ -581,16 +583,56 @@ def test_the_imagined_episodes_actions_are_done_in_the_simulator():
         RealityCheck(ToyEnv(4), [TASK], 4, imagined_actions_in_reality=True)
 
 
-def test_rl_shows_and_logs_the_imagined_episodes_actions_in_the_simulator(tmp_path, capsys):
+class NoisyToyWorldModel(ToyWorldModel):
+    """The toy world model whose dot moves mostly by its sampling noise (seeded per episode, as the real world model's):
+    an imagined outcome the noise decides, not the actions."""
+
+    def reset(self, first_frames, memory_frames=None, seeds=None, memory_actions=None):
+        super().reset(first_frames, memory_frames)
+        self.generators = [torch.Generator().manual_seed(int(seed)) for seed in seeds]
+
+    def step(self, action_chunks):
+        noise = torch.stack([torch.randn(action_chunks.shape[1:], generator=g) for g in self.generators])
+        return super().step(action_chunks + 8 * noise)
+
+
+def test_the_imagined_actions_again_under_other_noise_say_whether_actions_or_noise_decide():
+    """A deterministic world model gives the same verdicts again; one that the noise drives agrees with itself only by
+    chance; the option is off by default and needs the imagined environment."""
+    from worldloop.rl.trainer import imagination_repeat_line
+
+    torch.manual_seed(0)
+    policy, episodes = ToyPolicy(), 96
+    check = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=imagined(episodes, 1), greedy=True, imagination_repeat=True)(policy)
+    again = check["imagination_repeat"]
+    assert again["agreement"] == 1.0 and again["episodes"] == episodes, again
+    assert check["per_episode"]["imagination_repeat"] == check["per_episode"]["imagined"]
+    noisy_env = ImaginedEnv(NoisyToyWorldModel(), ToyJudge(), make_pool(32, 3), episodes, 1, max_steps=16, kir_ratio=0.3)
+    noisy = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=noisy_env, greedy=True, imagination_repeat=True)(policy)
+    again = noisy["imagination_repeat"]
+    assert 0 < noisy["imagined"]["success_once"] < 1 and 0 < again["success_once"] < 1, again
+    assert abs(again["kappa"]) < 2.5 * again["kappa_stderr"] and again["agreement"] < 0.9, again
+    assert imagination_repeat_line(again).startswith("the imagined episodes' actions in imagination again, other world-model noise: ")
+    assert "imagination_repeat" not in RealityCheck(ToyEnv(4), [TASK], 4, imagined_env=imagined(4, 1))(policy)  # off by default
+    with pytest.raises(ValueError, match="it needs the imagined environment"):
+        RealityCheck(ToyEnv(4), [TASK], 4, imagination_repeat=True)
+
+
+def test_rl_shows_and_logs_the_imagined_episodes_actions_in_the_simulator_and_in_imagination_again(tmp_path, capsys):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    check = RealityCheck(ToyEnv(8), [TASK], 8, imagined_env=imagined(8, 1), imagined_actions_in_reality=True)
+    check = RealityCheck(ToyEnv(8), [TASK], 8, imagined_env=imagined(8, 1), imagined_actions_in_reality=True, imagination_repeat=True)
     train(ToyPolicy(), imagined(32, 8), config(iterations=1, eval_every=1), tmp_path / "run", reality_check=check, progress_bar=False)
-    assert "the imagined episodes' actions done in the simulator: " in capsys.readouterr().out
-    assert "- iteration 0: the imagined episodes' actions done in the simulator: " in (tmp_path / "run" / "results.md").read_text()
+    console = capsys.readouterr().out
+    assert "the imagined episodes' actions done in the simulator: " in console
+    assert "the imagined episodes' actions in imagination again, other world-model noise: " in console
+    assert "since iteration 0, paired: real " in console  # the second check, iteration 1
+    report = (tmp_path / "run" / "results.md").read_text()
+    assert "- iteration 0: the imagined episodes' actions done in the simulator: " in report
+    assert "- iteration 1: the imagined episodes' actions in imagination again, other world-model noise: " in report
     logged = EventAccumulator(str(tmp_path / "run" / "tb"))
     logged.Reload()
-    assert "eval/success_once_imagined_actions_in_reality" in logged.Tags()["scalars"]
+    assert {"eval/success_once_imagined_actions_in_reality", "eval/success_once_imagination_repeat"} <= set(logged.Tags()["scalars"])
 
 
 def test_trajectory_tracking_on_hand_made_rollouts():

@@ -59,7 +59,8 @@
 # per task, paired; see rl.sh), RAW_EVAL=1 (the same on the simulator's own frames: with rl.reality_through_codec=true
 # in RL_EXTRA), SIM_WORKERS (14), BENCH=0 (skip `bench sim` and the GPU benchmarks), EXPERT=0 (skip the expert's
 # evaluation), DEMOS ("1 5 20": the SFT runs of the policy chain; BASE_ROLLOUTS needs 1 among them),
-# BASE_ROLLOUTS (0: none; rollouts per task of SFT-1 for the world model and the judge).
+# BASE_ROLLOUTS (0: none; rollouts per task of SFT-1 for the world model and the judge), BASE_TASKS ("": every task of
+# the suite; comma-separated tasks instead, e.g. RL's one task, so that the world model sees more of the policy there).
 # A 64x64 run for the world model and RL: EXTRA="sim.image_size=64 reward.classifier.input_size=64".
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -145,7 +146,8 @@ if [ "${BASE_ROLLOUTS:-0}" -gt 0 ]; then
   (
     while kill -0 "$policy_chain" 2>/dev/null && [ ! -f "$OUT/policy/work/sft-1/sft_results.json" ]; do sleep 5; done
     timeout 300 "${WL[@]}" collect --preset "$PRESET" --out "$MORE_DATA" --policy "$OUT/policy/work/sft-1" --episodes-per-task "$BASE_ROLLOUTS" \
-      --no-progress sim.num_workers=$SIM_WORKERS eval.greedy=false eval.temperature=1.0 "${EXTRA_ARGS[@]}" >"$OUT/rollouts.log" 2>&1
+      --no-progress sim.num_workers=$SIM_WORKERS eval.greedy=false eval.temperature=1.0 "${EXTRA_ARGS[@]}" \
+      ${BASE_TASKS:+"sim.tasks=[$BASE_TASKS]"} >"$OUT/rollouts.log" 2>&1
     mark "base-policy rollouts: exit $?"
   ) &
   base_rollouts=$!

@@ -56,6 +56,9 @@ def run(args: argparse.Namespace, config: Config) -> int:
     if rl.eval_imagined_actions_in_reality and not (args.world_model and args.judge and rl.eval_episodes_per_task > 0):
         raise ConfigError("rl.eval_imagined_actions_in_reality=true replays the imagined episodes' actions in the simulator: it needs "
                           f"--world-model, --judge and rl.eval_episodes_per_task > 0 (got {rl.eval_episodes_per_task})")  # fmt: skip
+    if rl.eval_imagination_repeat and not (args.world_model and args.judge and rl.eval_episodes_per_task > 0):
+        raise ConfigError("rl.eval_imagination_repeat=true replays the imagined episodes' actions in imagination: it needs "
+                          f"--world-model, --judge and rl.eval_episodes_per_task > 0 (got {rl.eval_episodes_per_task})")  # fmt: skip
     if rl.reality_through_codec and not args.world_model:
         raise ConfigError("rl.reality_through_codec=true shows the policy the simulator through the world model's VAE: it needs --world-model")
     if rl.judge_threshold == "replay" and not (args.world_model and args.judge and rl.eval_episodes_per_task > 0):
@@ -175,7 +178,8 @@ def reality_check(config: Config, tasks: list[str], world_model, judge, dataset,
         keyframe_env = imagined_env(config, world_model, judge, dataset, keyframes, count, 1, gap_env.max_steps, device, kir_ratio=1.0)
     seeds = [eval_seed(task, first_episode + e, config.eval.seed_offset) for task in tasks for e in range(per_task)]
     return RealityCheck(real_env, tasks, per_task, gap_env, seeds, config.eval.temperature, config.eval.greedy, keyframe_env=keyframe_env,
-                        imagined_actions_in_reality=config.rl.eval_imagined_actions_in_reality, **videos)  # fmt: skip
+                        imagined_actions_in_reality=config.rl.eval_imagined_actions_in_reality,
+                        imagination_repeat=config.rl.eval_imagination_repeat, **videos)  # fmt: skip
 
 
 def through_codec(env, world_model, config: Config):

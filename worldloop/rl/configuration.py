@@ -130,6 +130,13 @@ class RLConfig:
     0.04 imagined, 0.35 real) fails for the policy's actions on imagined frames or for the world model's rendering of
     them. One more real run per check (results.json imagined_actions_in_reality). Needs --world-model, --judge and
     rl.eval_episodes_per_task > 0."""
+    eval_imagination_repeat: bool = False
+    """At each reality check, also drive the imagined environment open loop, from the same first frames, by the
+    closed-loop imagined episodes' own action chunks under other world-model noise, with the kappa of its verdicts
+    against the first ones: near 1, the actions decide what imagination judges (RL can learn it, whether reality
+    agrees or not); near 0, the sampling noise does and RL's reward is a coin toss (door-open's imagined success did
+    not move under RL, nor under shuffled rewards, in the twenty-fifth H200 session). One more world-model run per
+    check (results.json imagination_repeat). Needs --world-model, --judge and rl.eval_episodes_per_task > 0."""
     drop_imagined_only: bool = False
     """Stop training on a task from the first reality check that finds its closed-loop imagined success risen by more
     than 3 paired standard errors since the first check while its real success has not risen by one (the warning

@@ -191,7 +191,12 @@ class RealityCheck:
     what the policy did in imagination, against the imagined verdicts (``imagined_actions_in_reality``). Where
     imagination fails a task the simulator too fails with those actions, the policy acted worse on the imagined
     frames; where the simulator succeeds with them, the world model or the judge rendered them wrongly. Its
-    ``versus_closed_loop``: those actions' success against the policy's own in reality, paired per episode."""
+    ``versus_closed_loop``: those actions' success against the policy's own in reality, paired per episode.
+
+    ``imagination_repeat``: the imagined episodes' action chunks also drive the imagined environment again, open loop
+    from the same frames under other world-model noise (``imagination_repeat``, its kappa against the first imagined
+    verdicts): how much of an imagined verdict the actions decide, and how much the world model's sampling noise.
+    RL in imagination can only learn what the actions decide."""
 
     def __init__(
         self,
@@ -206,6 +211,7 @@ class RealityCheck:
         videos_per_task: int = 0,
         keyframe_env: Any | None = None,
         imagined_actions_in_reality: bool = False,
+        imagination_repeat: bool = False,
     ):
         count = len(tasks) * episodes_per_task
         if real_env.num_envs != count:
@@ -218,6 +224,8 @@ class RealityCheck:
                              f"{imagined_env.image_size}x{imagined_env.image_size}: evaluate at the world model's resolution (sim.image_size)")
         if imagined_actions_in_reality and imagined_env is None:
             raise ValueError("imagined_actions_in_reality replays the imagined episodes' actions: it needs the imagined environment")
+        if imagination_repeat and imagined_env is None:
+            raise ValueError("imagination_repeat replays the imagined episodes' actions in imagination: it needs the imagined environment")
         if keyframe_env is not None and (imagined_env is None or keyframe_env.num_envs != count):
             raise ValueError(f"the keyframe evaluation needs the imagined one beside it and {count} envs")
         self.real_env, self.imagined_env, self.keyframe_env = real_env, imagined_env, keyframe_env
@@ -231,6 +239,7 @@ class RealityCheck:
         self.video_dir, self.videos_per_task = (Path(video_dir) if video_dir is not None else None), videos_per_task
         self.through_codec = isinstance(real_env, CodecObservations)  # the policy sees reality through the world model's VAE
         self.imagined_actions_in_reality = imagined_actions_in_reality
+        self.imagination_repeat = imagination_repeat
 
     def _tokens_on_reconstructed(self, policy: Any) -> Callable[[torch.Tensor, list[str]], torch.Tensor] | None:
         """The policy's tokens on frames encoded and decoded by the imagined env's world-model VAE (None without one)."""
@@ -274,6 +283,12 @@ class RealityCheck:
                 # against the imagined verdicts: did what imagination called success (or failure) come true?
                 result["imagined_actions_in_reality"] = summarize(acted, self.task_of_episode) | self._versus_real(imagined.success_once, acted)
                 verdicts["imagined_actions_in_reality"] = acted
+            if self.imagination_repeat:
+                # the same actions from the same frames under other world-model noise: kappa near 1, the imagined verdict is
+                # the actions' (RL can learn it, right or wrong); near 0, it is the noise's (RL's reward is a coin)
+                again = replay(self.imagined_env, first, imagined, noise_seed_offset=len(self.seeds)).success
+                result["imagination_repeat"] = summarize(again, self.task_of_episode) | self._versus_real(imagined.success_once, again)
+                verdicts["imagination_repeat"] = again
             if self.keyframe_env is not None:
                 start = self.keyframe_env.reset(list(first.instructions), self.seeds)
                 from_keyframes = collect(policy, self.keyframe_env, start, self.temperature, self.greedy)
@@ -445,9 +460,13 @@ def chunks_run(done: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.ones_like(done[:, :1]), ~done[:, :-1]], dim=1)
 
 
-def replay(env: Any, first: EnvReset, real: Rollout | LabelledEpisodes) -> Replay:
-    """The imagined ``env`` from the real run's initial observations, stepped by the real run's action chunks."""
-    env.reset_to(first.frames, list(first.instructions))
+def replay(env: Any, first: EnvReset, real: Rollout | LabelledEpisodes, noise_seed_offset: int = 0) -> Replay:
+    """The imagined ``env`` from the real run's initial observations, stepped by the real run's action chunks
+    (``noise_seed_offset``: under other world-model noise than the closed loop's from the same frames)."""
+    if noise_seed_offset:
+        env.reset_to(first.frames, list(first.instructions), noise_seed_offset=noise_seed_offset)
+    else:
+        env.reset_to(first.frames, list(first.instructions))
     executed = chunks_run(real.done)
     success = torch.zeros_like(executed[:, 0])
     probability = torch.zeros(executed.shape, device=success.device)

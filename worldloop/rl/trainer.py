@@ -152,6 +152,12 @@ def train(
             if acted is not None:  # the imagined episodes' actions, done in the simulator
                 writer.add_scalar("eval/success_once_imagined_actions_in_reality", acted["success_once"], iteration)
                 line += f"\n  {imagined_actions_line(acted)}"
+            again = result.get("imagination_repeat")
+            if again is not None:  # the same actions in imagination under other noise
+                writer.add_scalar("eval/success_once_imagination_repeat", again["success_once"], iteration)
+                if again["kappa"] is not None:
+                    writer.add_scalar("eval/kappa_imagination_repeat", again["kappa"], iteration)
+                line += f"\n  {imagination_repeat_line(again)}"
             for row in result.get("tracking", []):
                 writer.add_scalar(f"eval/tracking/psnr_after_{row['chunks']}_chunks", row["psnr"], iteration)
                 writer.add_scalar(f"eval/tracking/psnr_initial_frame_after_{row['chunks']}_chunks", row["psnr_initial_frame"], iteration)
@@ -687,6 +693,10 @@ def results_table(evaluations: list[dict[str, Any]], history: list[dict[str, Any
     if acted:
         lines += ["", "The simulator driven open loop by the closed-loop imagined episodes' actions, from the same initial states:", ""]
         lines += [f"- iteration {result['iteration']}: {imagined_actions_line(result['imagined_actions_in_reality'])}" for result in acted]
+    repeated = [result for result in evaluations if result.get("imagination_repeat")]
+    if repeated:
+        lines += ["", "The imagined episodes' actions in imagination again, from the same frames under other world-model noise:", ""]
+        lines += [f"- iteration {result['iteration']}: {imagination_repeat_line(result['imagination_repeat'])}" for result in repeated]
     rounds = [h for h in history if "world_model/refine_real_success" in h]
     if rounds:
         judged = any("world_model/judge_threshold" in h for h in rounds)  # rl.judge_threshold=replay: chosen again each round
@@ -740,17 +750,21 @@ def _agreement(result: dict[str, Any]) -> str:
 def imagined_actions_line(acted: dict[str, Any]) -> str:
     """The simulator driven by the imagined episodes' actions: its success, overall and per task, beside its agreement
     with the imagined verdicts (kappa '-' where a task's verdicts are all alike)."""
-
-    def kappa(numbers: dict[str, Any]) -> str:
-        return "-" if numbers["kappa"] is None else format_kappa(numbers["kappa"], numbers["kappa_stderr"])
-
-    per_task = ", ".join(f"{task} {numbers['success_once']:.2f} (kappa {kappa(acted['per_task_kappa'][task])})" for task, numbers in acted["per_task"].items())
-    line = f"the imagined episodes' actions done in the simulator: {_rate(acted)}, against the imagined verdicts kappa {kappa(acted)}; per task {per_task}"
+    per_task = ", ".join(f"{task} {numbers['success_once']:.2f} (kappa {_kappa(acted['per_task_kappa'][task])})" for task, numbers in acted["per_task"].items())
+    line = f"the imagined episodes' actions done in the simulator: {_rate(acted)}, against the imagined verdicts kappa {_kappa(acted)}; per task {per_task}"
     versus = acted.get("versus_closed_loop")
     if versus:  # absent in runs from before it
         changes = ", ".join(f"{task} {format_paired(change)}" for task, change in versus["per_task"].items())
         line += f"\n  those actions against the policy's own in the simulator: {format_paired(versus)}; per task {changes}"
     return line
+
+
+def imagination_repeat_line(again: dict[str, Any]) -> str:
+    """The imagined episodes' actions in imagination again under other noise: its success, and its kappa against the
+    first imagined verdicts, overall and per task ('-' where a task's verdicts are all alike)."""
+    per_task = ", ".join(f"{task} {numbers['success_once']:.2f} (kappa {_kappa(again['per_task_kappa'][task])})" for task, numbers in again["per_task"].items())
+    return (f"the imagined episodes' actions in imagination again, other world-model noise: {_rate(again)}, against the first "
+            f"imagined verdicts kappa {_kappa(again)} (near 1: the actions decide them; near 0: the noise does); per task {per_task}")
 
 
 def since_first_line(first: dict[str, Any], result: dict[str, Any]) -> str:
@@ -765,6 +779,11 @@ def since_first_line(first: dict[str, Any], result: dict[str, Any]) -> str:
             per_task = ", ".join(f"{task} {format_paired(c)}" for task, c in change["per_task"].items())
             parts.append(f"{source} {format_paired(change)}; per task {per_task}")
     return f"since iteration {first['iteration']}, paired: " + " | ".join(parts) if parts else ""
+
+
+def _kappa(numbers: dict[str, Any]) -> str:
+    """'0.19 ± 0.09', or '-' where the verdicts were all alike (no kappa)."""
+    return "-" if numbers["kappa"] is None else format_kappa(numbers["kappa"], numbers["kappa_stderr"])
 
 
 def _rate(summary: dict[str, Any]) -> str:
