@@ -61,6 +61,10 @@
 # evaluation), DEMOS ("1 5 20": the SFT runs of the policy chain; BASE_ROLLOUTS needs 1 among them),
 # BASE_ROLLOUTS (0: none; rollouts per task of SFT-1 for the world model and the judge), BASE_TASKS ("": every task of
 # the suite; comma-separated tasks instead, e.g. RL's one task, so that the world model sees more of the policy there).
+# GROW_SECONDS (0: off; with WM_FROM, WM_SECONDS=0 and CARRY: while this lease uses the carried world model as it is,
+# a copy of its DiT trains on for that long on this lease's data, beside RL on the same GPU, into $OUT/wm-grown, and is
+# packed into CARRY for the next lease; capped so that it ends 10 minutes before DEADLINE_MIN. A DiT grows ~6 steps/s
+# alone on the GPU, and tracks its tasks better with more of them: see docs/results.md, twenty-fifth session).
 # A 64x64 run for the world model and RL: EXTRA="sim.image_size=64 reward.classifier.input_size=64".
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -154,6 +158,18 @@ if [ "${BASE_ROLLOUTS:-0}" -gt 0 ]; then
 fi
 (OUT="$OUT/wm" SKIP_BENCH=1 MORE_DATA="$MORE_DATA" EXTRA="${EXTRA:-device=cuda}" bash scripts/gpu/worldmodel.sh "$DATA" >"$OUT/wm.log" 2>&1; mark "world-model chain: exit $?") &
 wm_chain=$!
+# GROW_SECONDS: the carried world model, used as it is here, also trains on in the background for the next lease
+if [ "${GROW_SECONDS:-0}" -gt 0 ]; then
+  if [ -n "${WM_FROM:-}" ] && [ "$WM_SECONDS" = 0 ] && [ -n "${CARRY:-}" ]; then
+    # the data (~5 min with base rollouts), the clips' encoding and eval-wm after training must fit before the deadline
+    GROW=$(( GROW_SECONDS < DEADLINE_MIN * 60 - 600 ? GROW_SECONDS : DEADLINE_MIN * 60 - 600 ))
+    mark "growing $WM_FROM for $GROW s into $OUT/wm-grown (packed into $CARRY for the next lease)"
+    (OUT="$OUT/wm-grown" SKIP_BENCH=1 WM_SECONDS=$GROW WM_ALSO="" MORE_DATA="$MORE_DATA" EXTRA="${EXTRA:-device=cuda}" \
+       bash scripts/gpu/worldmodel.sh "$DATA" >"$OUT/wm-grown.log" 2>&1; mark "world model grown for the next lease: exit $?") &
+  else
+    mark "GROW_SECONDS ignored: it needs WM_FROM with WM_SECONDS=0, and CARRY"
+  fi
+fi
 # The judge learns from the world model's replays too, so it starts once the world model is trained (its
 # evaluations may still run): the VAE and the DiT then have the GPU to themselves, but for the short SFT.
 while kill -0 "$wm_chain" 2>/dev/null && [ ! -f "$OUT/wm/wm/results.json" ]; do sleep 5; done
