@@ -407,6 +407,20 @@ class ScriptedCheck:
         return {"real": real | {"per_task": {TASK: dict(real)}}}
 
 
+def test_each_check_is_kept_on_disk_as_soon_as_it_is_made(tmp_path):
+    """A run cut short after its first check (here the second check fails) keeps that check in evaluations.json;
+    a finished run's evaluations.json holds the same checks as its results.json."""
+    with pytest.raises(IndexError):  # ScriptedCheck has one rate: the second check finds none
+        train(ToyPolicy(), imagined(32, 8), config(iterations=3, eval_every=1), tmp_path / "cut", reality_check=ScriptedCheck([0.5]), progress_bar=False)
+    kept = json.loads((tmp_path / "cut" / "evaluations.json").read_text())
+    assert [check["iteration"] for check in kept["evaluations"]] == [0] and kept["evaluations"][0]["real"]["success_once"] == 0.5
+    assert not (tmp_path / "cut" / "results.json").exists()
+    results = train(ToyPolicy(), imagined(32, 8), config(iterations=2, eval_every=1), tmp_path / "run", reality_check=ScriptedCheck([0.5, 0.5, 0.5]),
+                    progress_bar=False)  # fmt: skip
+    kept = json.loads((tmp_path / "run" / "evaluations.json").read_text())
+    assert kept["evaluations"] == json.loads((tmp_path / "run" / "results.json").read_text())["evaluations"] and len(results["evaluations"]) == 3
+
+
 def test_a_fall_in_real_success_stops_rl_with_the_last_weights_that_held(tmp_path):
     """rl.stop_when_real_falls_se: the first evaluation whose real success lies more than that many standard
     errors under the first one's ends the run; the final policy is the last evaluation's that held, and a rerun

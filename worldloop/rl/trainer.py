@@ -71,7 +71,8 @@ def train(
 ) -> dict[str, Any]:
     """Train ``policy`` (a torch module with the Policy protocol) in ``env`` for ``rl.iterations``
     iterations, writing TensorBoard logs, checkpoints, ``results.json`` and the final policy folder
-    (``out/policy``) under ``out``. Reruns with the same ``out`` resume from the latest checkpoint.
+    (``out/policy``) under ``out``; ``evaluations.json`` holds the reality checks so far from the first one on.
+    Reruns with the same ``out`` resume from the latest checkpoint.
     ``refiner``: called as ``refiner(policy, iteration)`` every ``rl.refine_every`` iterations, returning
     metrics; its ``modules`` and ``stateful`` are checkpointed with the policy's, ``restore(iteration)``
     rebuilds the rest on resume, and ``save(out / "world_model")`` keeps the refined world model
@@ -189,6 +190,8 @@ def train(
             line += "\n  " + since
         eval_seconds = result["seconds"] = time.perf_counter() - began
         writer.add_scalar("time/eval", eval_seconds, iteration)
+        # every check so far, kept as soon as it is made: a run cut short (a lease's end) keeps them, per-episode verdicts included
+        atomic_write_json(out / "evaluations.json", {"evaluations": evaluations, "warnings": warnings})
         if console:
             tqdm.write(line)
 
