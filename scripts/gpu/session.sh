@@ -89,6 +89,14 @@ if ! missing=$("$PY" -c "import av, diffusers, metaworld, mujoco, worldloop" 2>&
   mark "not ready: ${missing##*$'\n'} (install the carried wheels: source scripts/gpu/setup.sh .whl .whl2)"
   exit 1
 fi
+# Task names and numbers given here, checked now: a typo would otherwise fail a chain minutes in (BASE_TASKS's rollouts
+# would be missing and the world model would wait 5 minutes for them).
+if ! bad=$("$PY" -c "import sys; from worldloop.sims.tasks import check_task; [check_task(t) for t in sys.argv[1].split(',') if t]" \
+             "${BASE_TASKS:-},${RL_TASKS:-}" 2>&1); then
+  mark "BASE_TASKS / RL_TASKS: ${bad##*$'\n'}"
+  exit 1
+fi
+if ! [[ "${GROW_SECONDS:-0}" =~ ^[0-9]+$ ]]; then mark "GROW_SECONDS must be a whole number of seconds, got '$GROW_SECONDS'"; exit 1; fi
 
 # ---------------------------------------------------------------------------- phase 1
 (
