@@ -1,6 +1,8 @@
 """The GPU session's shell helpers (scripts/gpu): what a device call runs to bring results back."""
 
+import json
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -32,3 +34,38 @@ def test_poll_packs_a_finished_session_without_waiting(tmp_path):
         names = {Path(name).as_posix().lstrip("./") for name in archive.getnames()}
     assert "rl/results.json" in names and "progress.txt" in names
     assert "rl/model.safetensors" not in names
+
+
+def rl_summary(out: Path) -> subprocess.CompletedProcess:
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "rl_summary.py"
+    return subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=60)
+
+
+def test_rl_summary_averages_the_training_success_over_quarters_and_names_its_standard_errors(tmp_path):
+    (tmp_path / "rl").mkdir()
+    (tmp_path / "rl.log").write_text("judge threshold 0.5 -> 0.9, chosen on replays\nit 1: noise\n")
+    (tmp_path / "rl" / "results.md").write_text("| iteration | real |\n")
+    check = lambda rate, se: {"success_once": rate, "stderr": se, "per_task": {"door-open-v3": {"success_once": rate, "stderr": se}}}
+    timing = {"time/rollout": 5.0, "time/update": 0.5, "time/iteration": 5.5}
+    rates = [0.5, 0.7, 0.9, 0.1, 0.6, 0.6, 0.2, 0.4]  # the last iteration alone (0.4) would read as a fall from 0.5
+    (tmp_path / "rl" / "results.json").write_text(json.dumps({
+        "evaluations": [{"real": check(0.25, 0.03), "imagined": check(0.5, 0.04)}, {"real": check(0.35, 0.04), "imagined": check(0.55, 0.03)}],
+        "history": [{"iteration": i + 1, "env/success_once": r, **timing} for i, r in enumerate(rates)],
+        "warnings": [{"iteration": 4, "message": "optimistic"}],
+    }))
+    done = rl_summary(tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "judge threshold 0.5 -> 0.9, chosen on replays" in lines and "it 1: noise" not in lines
+    assert "real success_once: 0.250 -> 0.350 (+0.100, +2.0 unpaired SE)" in lines
+    assert "  door-open-v3: 0.250 -> 0.350 (+0.100, +2.0 unpaired SE)" in lines
+    assert "imagined success_once, same initial states: 0.500 -> 0.550 (+0.050, +1.0 unpaired SE)" in lines
+    assert ("imagined training rollouts' success_once, mean over the first and the last quarter: "
+            "0.600 ± 0.100 (iterations 1-2) -> 0.300 ± 0.100 (iterations 7-8)") in lines
+    assert "warning at iteration 4: optimistic" in lines
+
+
+def test_rl_summary_of_an_unfinished_run_says_so(tmp_path):
+    done = rl_summary(tmp_path)
+    assert done.returncode == 0
+    assert "rl did not finish" in done.stdout

@@ -52,42 +52,7 @@ timeout $(( MINUTES * 60 + 300 )) "${WL[@]}" rl "${PRESET[@]}" --policy "$POLICY
 status=${PIPESTATUS[0]}
 
 # 3. Summary: real vs imagined success at every evaluation, first vs last with the difference in standard errors.
-"$PY" - "$OUT" <<'PYEOF' | tee "$OUT/summary.md"
-import json, math, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-path = out / "rl" / "results.json"
-log = out / "rl.log"
-calibration = [line for line in (log.read_text().splitlines() if log.is_file() else [])  # rl.judge_threshold=replay's own lines
-               if line.startswith(("judge threshold", "rl: training on", "worldloop rl: config error"))]
-if not path.is_file():
-    print(f"no {path}: rl did not finish (see {out}/rl.log)", *calibration, sep="\n"); sys.exit(0)
-results = json.loads(path.read_text())
-print((out / "rl" / "results.md").read_text())  # with the paired changes from the first evaluation to the last
-print(*calibration, sep="\n")
-evals = results["evaluations"]
-def change(a, b):
-    """'a -> b (+d, +x SE)' between two success_once results."""
-    d = b["success_once"] - a["success_once"]
-    se = math.hypot(a["stderr"], b["stderr"]) or float("nan")
-    return f"{a['success_once']:.3f} -> {b['success_once']:.3f} ({d:+.3f}, {d / se:+.1f} SE)"
-if len(evals) >= 2:
-    first, last = evals[0], evals[-1]
-    print(f"real success_once: {change(first['real'], last['real'])}")
-    for task in last["real"]["per_task"]:
-        print(f"  {task}: {change(first['real']['per_task'][task], last['real']['per_task'][task])}")
-    if "imagined" in first and "imagined" in last:  # issue 6 asks for both to rise
-        print(f"imagined success_once, same initial states: {change(first['imagined'], last['imagined'])}")
-        for task in last["imagined"]["per_task"]:  # the gain must show on one task in both
-            print(f"  {task}: {change(first['imagined']['per_task'][task], last['imagined']['per_task'][task])}")
-history = results["history"]
-if history:
-    h0, h1 = history[0], history[-1]
-    print(f"imagined train success_once: {h0['env/success_once']:.3f} (iteration 1) -> {h1['env/success_once']:.3f} (iteration {h1['iteration']})")
-    print(f"seconds per iteration: rollout {h1['time/rollout']:.1f}, update {h1['time/update']:.1f}, total {h1['time/iteration']:.1f}")
-for warning in results.get("warnings", []):
-    print(f"warning at iteration {warning['iteration']}: {warning['message']}")
-PYEOF
+"$PY" scripts/gpu/rl_summary.py "$OUT" | tee "$OUT/summary.md"
 
 # 4. CODEC_EVAL=1 / RAW_EVAL=1: the base and the final policy in the real simulator again, greedy, the same initial states,
 #    paired: observing through the world model's VAE (does what RL gained in imagination carry over to a policy that
