@@ -41,11 +41,15 @@ def rl_summary(out: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=60)
 
 
+def check(rate: float, se: float) -> dict:
+    """One reality check's success_once result, on door-open alone."""
+    return {"success_once": rate, "stderr": se, "per_task": {"door-open-v3": {"success_once": rate, "stderr": se}}}
+
+
 def test_rl_summary_averages_the_training_success_over_quarters_and_names_its_standard_errors(tmp_path):
     (tmp_path / "rl").mkdir()
     (tmp_path / "rl.log").write_text("judge threshold 0.5 -> 0.9, chosen on replays\nit 1: noise\n")
     (tmp_path / "rl" / "results.md").write_text("| iteration | real |\n")
-    check = lambda rate, se: {"success_once": rate, "stderr": se, "per_task": {"door-open-v3": {"success_once": rate, "stderr": se}}}
     timing = {"time/rollout": 5.0, "time/update": 0.5, "time/iteration": 5.5}
     rates = [0.5, 0.7, 0.9, 0.1, 0.6, 0.6, 0.2, 0.4]  # the last iteration alone (0.4) would read as a fall from 0.5
     (tmp_path / "rl" / "results.json").write_text(json.dumps({
