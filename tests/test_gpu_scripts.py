@@ -73,3 +73,13 @@ def test_rl_summary_of_an_unfinished_run_says_so(tmp_path):
     done = rl_summary(tmp_path)
     assert done.returncode == 0
     assert "rl did not finish" in done.stdout
+
+
+def test_rl_summary_names_a_damaged_results_file_and_its_own_usage(tmp_path):
+    (tmp_path / "rl").mkdir()
+    (tmp_path / "rl" / "results.json").write_text('{"evaluations": [')
+    done = rl_summary(tmp_path)
+    assert done.returncode == 0 and "results.json is not valid JSON" in done.stdout
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "rl_summary.py"
+    usage = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 1 and "usage:" in usage.stderr

@@ -6,6 +6,7 @@ check side by side, the training rollouts' success and the warnings.
 
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -20,8 +21,8 @@ def change(a: dict, b: dict) -> str:
 def window_mean(history: list[dict], key: str) -> str:
     """Mean ± SE of `key` over these iterations: one iteration's few initial states swing it far from its trend."""
     values = [h[key] for h in history]
-    mean = sum(values) / len(values)
-    se = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values)) if len(values) > 1 else float("nan")
+    mean = statistics.fmean(values)
+    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
     return f"{mean:.3f} ± {se:.3f} (iterations {history[0]['iteration']}-{history[-1]['iteration']})"
 
 
@@ -31,7 +32,10 @@ def summary(out: Path) -> list[str]:
                    if line.startswith(("judge threshold", "rl: training on", "worldloop rl: config error"))]
     if not path.is_file():
         return [f"no {path}: rl did not finish (see {out}/rl.log)", *calibration]
-    results = json.loads(path.read_text())
+    try:
+        results = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        return [f"{path} is not valid JSON ({error}): rl was cut while writing it, or the file was damaged"]
     lines = [(out / "rl" / "results.md").read_text(), *calibration]  # results.md: the paired changes from the first check to the last
     evals = results["evaluations"]
     if len(evals) >= 2:
@@ -54,4 +58,6 @@ def summary(out: Path) -> list[str]:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(f"usage: {sys.argv[0]} OUT   (the folder of one scripts/gpu/rl.sh run)")
     print(*summary(Path(sys.argv[1])), sep="\n")
