@@ -25,6 +25,7 @@ VERBS = {
     "train-wm": "worldloop.commands.train_wm",
     "eval-wm": "worldloop.commands.eval_wm",
     "kir": "worldloop.commands.kir",
+    "gate": "worldloop.commands.gate",
     "loop": "worldloop.commands.loop",
     "rl": "worldloop.commands.rl",
     "train-reward": "worldloop.commands.train_reward",

@@ -63,10 +63,24 @@ class LoopConfig:
     """'classifier' (trained on the base rollouts) or 'topreward:PATH' (a local Qwen3-VL folder)."""
     pace: bool = True
     """Run the second half of the loop (evolved-policy rollouts, WM Evo, RL stage 2); False: the w/o-PACE ablation."""
+    gate_episodes_per_task: int = 16
+    """The fidelity gate (`worldloop gate`, before RL): real episodes of the base policy per task, replayed in the world model."""
+    gate_min_kappa: float | None = 0.6
+    """The fidelity gate: the judge-on-replay kappa a task needs (and more than rl.judge_threshold_significance_se standard
+    errors above chance) for RL to train on it; null: the gate measures and reports, RL trains on every task."""
+    time_budget_min: float = 0.0
+    """Wall-clock minutes for the whole loop (`loop --time-budget`): the RL stages get what the stages before them
+    left, less a minute for each stage after them; 0: no budget (each stage as its own settings say)."""
 
     def validate(self) -> None:
         if self.judge != "classifier" and not self.judge.startswith("topreward:"):
             raise ValueError(f"judge must be 'classifier' or 'topreward:PATH', got {self.judge!r}")
+        if self.gate_episodes_per_task < 1:
+            raise ValueError(f"gate_episodes_per_task must be >= 1, got {self.gate_episodes_per_task}")
+        if self.gate_min_kappa is not None and not -1.0 <= self.gate_min_kappa <= 1.0:
+            raise ValueError(f"gate_min_kappa must be a kappa in [-1, 1] or null (not enforced), got {self.gate_min_kappa}")
+        if self.time_budget_min < 0:
+            raise ValueError(f"time_budget_min must be >= 0 (0: no budget), got {self.time_budget_min}")
         counts = (self.demo_episodes_per_task, self.sft_episodes_per_task, self.base_rollouts_per_task, self.evo_rollouts_per_task, self.eval_episodes_per_task)
         if min(counts) < 1 or self.evo_wm_steps < 1:
             raise ValueError("episode counts and evo_wm_steps must be >= 1")

@@ -1,8 +1,13 @@
 """The closed loop (WoVR's PACE) as one resumable pipeline of worldloop verbs.
 
     expert demos -> SFT base policy -> base-policy rollouts -> VAE + world model (WM Base)
-    -> judge -> KIR keyframes -> RL stage 1 -> real eval -> evolved-policy rollouts
+    -> judge -> fidelity gate -> KIR keyframes -> RL stage 1 -> real eval -> evolved-policy rollouts
     -> world-model refinement (WM Evo) -> RL stage 2 -> real eval -> report
+
+The fidelity gate (``worldloop gate``) replays the base policy's real episodes in the world model and
+asks the judge: RL trains only on the tasks whose replays agree with the simulator (``loop.gate_min_kappa``),
+and when none does, the RL stages are skipped and the report says why. ``loop.time_budget_min`` gives the
+RL stages the time the stages before them left.
 
 Each stage is one CLI verb, run as its own process (a clean slate of memory, threads and GL state)
 with the loop's preset and overrides; it writes its own folder under RUN/. When a stage returns, a
@@ -17,7 +22,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -35,6 +40,8 @@ class Stage:
     """The worldloop verb and its arguments (preset and overrides are appended)."""
     overrides: list[str] = field(default_factory=list)
     """Config overrides for this stage only (after the loop's own)."""
+    gated: bool = False
+    """Runs only when the fidelity gate passed a task (RL and what follows it)."""
 
 
 @dataclass
@@ -57,6 +64,7 @@ def plan(config: Config, run: Path, inputs: Inputs) -> tuple[list[Stage], dict[s
         "vae": str(Path(inputs.world_model) / "vae") if inputs.world_model else str(run / "vae"),  # a world model keeps its VAE in vae/
         "wm_base": inputs.world_model or str(run / "wm_base"),
         "judge": inputs.judge or (lp.judge if lp.judge.startswith("topreward:") else str(run / "judge")),
+        "gate": str(run / "gate"),
         "keyframes": str(run / "keyframes"),
         "rl1": str(run / "rl1"),
         "rollouts_evo": str(run / "rollouts_evo"),
@@ -83,9 +91,12 @@ def plan(config: Config, run: Path, inputs: Inputs) -> tuple[list[Stage], dict[s
     stages.append(Stage("eval_wm_base", ["eval-wm", "--world-model", p["wm_base"], "--dataset", p["rollouts_base"], "--out", str(run / "eval_wm_base")]))
     if inputs.judge is None and not lp.judge.startswith("topreward:"):
         stages.append(Stage("judge", ["train-reward", "--dataset", p["demos"], p["rollouts_base"], "--out", p["judge"]]))
+    stages.append(Stage("gate", ["gate", "--policy", p["policy_base"], "--world-model", p["wm_base"], "--judge", p["judge"],
+                                 "--dataset", p["rollouts_base"], "--out", p["gate"]]))  # fmt: skip
     # the base policy's failure states come from its rollouts above (no second rollout)
     stages.append(Stage("keyframes", ["kir", "--dataset", p["rollouts_base"], "--failures", "--out", p["keyframes"]]))
     rl_inputs = ["--judge", p["judge"], "--dataset", p["rollouts_base"], "--keyframes", p["keyframes"], "--no-progress"]
+    gated = len(stages)  # from here on, every stage follows RL
     stages.append(Stage("rl1", ["rl", "--policy", p["policy_base"], "--world-model", p["wm_base"], "--out", p["rl1"], *rl_inputs]))
     stages.append(Stage("eval_rl1", ["eval", "--policy", f"{p['rl1']}/policy", "--out", str(run / "eval_rl1"), *ev]))
     if lp.pace:
@@ -106,6 +117,7 @@ def plan(config: Config, run: Path, inputs: Inputs) -> tuple[list[Stage], dict[s
         )
         stages.append(Stage("rl2", ["rl", "--policy", f"{p['rl1']}/policy", "--world-model", p["wm_evo"], "--out", p["rl2"], *rl_inputs]))
         stages.append(Stage("eval_rl2", ["eval", "--policy", f"{p['rl2']}/policy", "--out", str(run / "eval_rl2"), *ev]))
+    stages[gated:] = [replace(stage, gated=True) for stage in stages[gated:]]
     return stages, paths
 
 
@@ -120,7 +132,7 @@ def run_loop(
 ) -> Path:
     """Run every unfinished stage, then write the report; returns the report's path.
     ``verb`` runs one CLI command (default: ``python -m worldloop ...`` in a child process);
-    ``stop_after`` ends the loop after the named stage (tests use it to simulate an interruption)."""
+    ``stop_after`` ends the loop after the named stage, with the report of what ran so far."""
     from worldloop.config import save_config
     from worldloop.report import write_report
 
@@ -129,21 +141,54 @@ def run_loop(
     run.mkdir(parents=True, exist_ok=True)
     save_config(config, run)
     stages, paths = plan(config, run, inputs)
-    for stage in stages:
+    if stop_after is not None and stop_after not in [stage.name for stage in stages]:
+        raise ValueError(f"--until {stop_after}: not a stage of this loop; its stages: {', '.join(stage.name for stage in stages)}")
+    for index, stage in enumerate(stages):
         marker = run / STAGES_DIR / f"{stage.name}.json"
         if marker.is_file():
             print(f"loop: {stage.name} already complete, skipped")
-            continue
-        argv = [*stage.argv, "--preset", preset, *overrides, *stage.overrides]
-        print(f"loop: stage {stage.name}: worldloop {' '.join(argv)}", flush=True)
-        began = time.time()
-        code = verb(argv)
-        if code != 0:
-            raise RuntimeError(f"loop: stage {stage.name} failed with exit code {code}; fix the cause and rerun to resume from it")
-        atomic_write_json(marker, {"stage": stage.name, "argv": argv, "seconds": time.time() - began})
+        else:
+            extra = gate_arguments(config, Path(paths["gate"])) if stage.gated else ([], [])
+            if extra is None:
+                print(f"loop: {stage.name} skipped: no task passed the fidelity gate ({paths['gate']}/gate.md)")
+                atomic_write_json(marker, {"stage": stage.name, "skipped": "no task passed the fidelity gate", "seconds": 0.0})
+                continue
+            if stage.argv[0] == "rl" and config.loop.time_budget_min:
+                extra[1].append(f"rl.time_limit_min={rl_minutes(config, stages[index:], stage_seconds(run)):.2f}")
+            argv = [*stage.argv, *extra[0], "--preset", preset, *overrides, *stage.overrides, *extra[1]]
+            print(f"loop: stage {stage.name}: worldloop {' '.join(argv)}", flush=True)
+            began = time.time()
+            code = verb(argv)
+            if code != 0:
+                raise RuntimeError(f"loop: stage {stage.name} failed with exit code {code}; fix the cause and rerun to resume from it")
+            atomic_write_json(marker, {"stage": stage.name, "argv": argv, "seconds": time.time() - began})
         if stop_after == stage.name:
-            return run / "report.md"
+            break
     return write_report(run, paths, stage_seconds(run))
+
+
+def gate_arguments(config: Config, gate: Path) -> tuple[list[str], list[str]] | None:
+    """What the fidelity gate says to a stage after it: (RL's --tasks, config overrides), or None when no task passed.
+    RL trains on the tasks that passed, at the judge threshold the gate chose on its replays (unless
+    rl.judge_threshold=replay, which chooses again on the RL stage's own starting policy)."""
+    result = read_json(gate / "gate.json")
+    if not result["passed"]:
+        return None
+    tasks = ["--tasks", ",".join(result["passed"])] if config.loop.gate_min_kappa is not None else []
+    threshold = [f"rl.judge_threshold={result['threshold']}"] if result["calibrated"] and config.rl.judge_threshold != "replay" else []
+    return tasks, threshold
+
+
+def rl_minutes(config: Config, stages: list[Stage], seconds_so_far: dict[str, float]) -> float:
+    """An RL stage's share of ``loop.time_budget_min``: the minutes the finished stages left, less one for each
+    non-RL stage still to come, split evenly among the RL stages still to come (``stages`` starts at this one);
+    at least half a minute, and no more than rl.time_limit_min when that is set."""
+    left = 60 * config.loop.time_budget_min - sum(seconds_so_far.values())
+    rl_stages = sum(stage.argv[0] == "rl" for stage in stages)
+    minutes = max(0.5, (left - 60 * (len(stages) - rl_stages)) / 60 / rl_stages)
+    if minutes == 0.5:
+        print(f"loop: the time budget ({config.loop.time_budget_min:g} min) is spent: RL gets half a minute")
+    return min(minutes, config.rl.time_limit_min) if config.rl.time_limit_min else minutes
 
 
 def run_verb(argv: list[str]) -> int:

@@ -43,7 +43,12 @@ def collect_results(run: Path, paths: dict[str, str], stage_seconds: dict[str, f
         file = run / folder / "metrics.json"
         if file.is_file():
             world_model[name] = read_json(file)["horizons"]
+    gate = run / "gate" / "gate.json"
+    markers = {p.stem: read_json(p) for p in sorted((run / "stages").glob("*.json"))}
+    skipped = {stage: marker["skipped"] for stage, marker in markers.items() if "skipped" in marker}
     return {
+        "gate": read_json(gate) if gate.is_file() else None,
+        "skipped_stages": skipped,
         "overall": overall,
         "per_task": per_task,
         "imagination_vs_reality": imagination,
@@ -65,6 +70,12 @@ def write_report(run: Path, paths: dict[str, str], stage_seconds: dict[str, floa
 def render_markdown(run: Path, results: dict[str, Any], plots: list[str]) -> str:
     names = [n for n in POLICY_STAGES if n in results["overall"]]
     lines = ["# worldloop report", "", f"Run folder: `{run}`. Every number below is also in `results.json`.", ""]
+    if results.get("gate"):
+        from worldloop.commands.gate import gate_table
+
+        lines += ["## Fidelity gate: does imagination agree with the simulator, task by task?", "", gate_table(results["gate"]), ""]
+    for why in dict.fromkeys(results.get("skipped_stages", {}).values()):
+        lines += [f"Skipped ({why}): " + ", ".join(stage for stage, reason in results["skipped_stages"].items() if reason == why) + ".", ""]
     lines += ["## Real-simulator success (success_once ± standard error, episodes)", ""]
     lines += ["| task | " + " | ".join(names) + " |", "| --- |" + " ---: |" * len(names)]
     for task, row in results["per_task"].items():

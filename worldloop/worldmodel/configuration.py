@@ -146,6 +146,10 @@ class WorldModelConfig:
     """Decay of the exponential moving average of the weights that is saved and sampled from."""
     gradient_checkpointing: bool = True
     """Recompute DiT blocks in the backward pass (GPU only; saves memory for large batches)."""
+    compile: bool = False
+    """torch.compile the DiT's training forward (CUDA only; fixed shapes). The small DiT's eager training step is bound
+    by kernel launches (the GPU ~30 % busy at batch 64 on an H200); compiled, it fuses them. Costs a minute of
+    compilation at the start of a run (docs/benchmarks.md, `bench wm-train`)."""
     shift: float = 5.0
     """Flow-matching time shift: sigma' = shift*sigma / (1 + (shift-1)*sigma), for training noise levels and sampling."""
     sampling_steps: int = 5

@@ -94,6 +94,33 @@ def _progress(iterable: Iterable, **kwargs: Any):
 # ============================================================================================ VAE
 
 
+def make_optimizer(parameters, lr: float, weight_decay: float, device: torch.device) -> torch.optim.AdamW:
+    """AdamW (betas 0.9, 0.99), its update fused into one kernel per step on CUDA (the small DiT's step launched
+    thousands of kernels, a third of them the optimizer's and the EMA's)."""
+    return torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.99), fused=device.type == "cuda")
+
+
+class FrameStore:
+    """Every frame of ``episodes`` in one uint8 tensor ``(N, H, W, 3)`` on ``device``, so that a training step
+    draws its clips with one gather on the device instead of a Python loop over episodes on the host.
+    An episode shorter than a clip holds its last frame (as :func:`_random_clips` does)."""
+
+    def __init__(self, episodes: Sequence[EpisodeLike], device: torch.device):
+        frames = [_frames(episode) for episode in episodes]
+        self.frames = torch.cat(frames).to(device)  # (N, H, W, 3)
+        self.lengths = torch.tensor([len(f) for f in frames], device=device)
+        self.starts = torch.cumsum(self.lengths, 0) - self.lengths
+
+    def sample(self, count: int, length: int, generator: torch.Generator) -> torch.Tensor:
+        """``count`` clips of ``length`` consecutive frames (count, length, H, W, 3), episodes drawn at random."""
+        device = self.frames.device
+        episode = torch.randint(len(self.lengths), (count,), generator=generator, device=device)
+        room = (self.lengths[episode] - length).clamp(min=0) + 1  # start positions that fit the clip
+        offset = (torch.rand(count, generator=generator, device=device) * room).long()
+        within = (offset[:, None] + torch.arange(length, device=device)).minimum(self.lengths[episode, None] - 1)
+        return self.frames[self.starts[episode, None] + within]
+
+
 def _random_clips(episodes: Sequence[EpisodeLike], count: int, length: int, generator: torch.Generator) -> torch.Tensor:
     """``count`` clips of ``length`` consecutive frames (B, length, H, W, 3) uint8, episodes chosen at random."""
     clips = []
@@ -167,7 +194,7 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
         raise ValueError("train-vae: the dataset has no training episodes")
     if config.pretrained:
         vae = vae_lib.load_vae(config.pretrained).to(device)
-        steps_done, losses = 0, []
+        steps_done, losses, first, train_seconds = 0, [], 0, 0.0
     else:
         torch.manual_seed(seed)
         vae = (vae_lib.load_vae(config.init).train() if config.init else vae_lib.build_vae(config)).to(device)
@@ -178,10 +205,11 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
         layout = torch.channels_last_3d if config.channels_last else torch.contiguous_format
         vae_lib.set_memory_format(vae, layout)  # before the optimizer: its state takes the weights' layout
         perceptual = VGGFeatures(config.perceptual_weights).to(device) if config.perceptual_weights and config.perceptual_weight > 0 else None
-        optimizer = torch.optim.AdamW(vae.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.99))
+        optimizer = make_optimizer(vae.parameters(), config.lr, 0.0, device)
         budget = TrainingBudget(config.steps, config.time_limit_s)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, budget.lr_factor)
-        generator = torch.Generator().manual_seed(seed)
+        generator = torch.Generator(device=device).manual_seed(seed)
+        store = FrameStore(train_episodes, device)
         stateful = {"optimizer": optimizer, "scheduler": scheduler, "generator": generator}
         step = 0
         checkpoint = latest_checkpoint(out)
@@ -191,12 +219,12 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
         writer = SummaryWriter(str(out / "tb"))
         losses = []
         vae.train()
-        budget.started, done = time.time(), step
+        budget.started, done, first = time.time(), step, step
         bar = _progress(range(step, config.steps), initial=step, total=config.steps, desc="train-vae")
         for step in bar:
             if budget.out_of_time():  # checked first: a resumed run whose time is spent takes no step
                 break
-            frames = _random_clips(train_episodes, config.batch_size, config.clip_frames, generator).to(device)
+            frames = store.sample(config.batch_size, config.clip_frames, generator)
             pixels = vae_lib.frames_to_pixels(frames).contiguous(memory_format=layout)
             with autocast(device):
                 posterior = vae.encode(pixels).latent_dist
@@ -215,16 +243,18 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
             torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
             optimizer.step()
             scheduler.step()
-            losses.append(float(loss.detach()))
             done = step + 1
-            if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
+            if (step + 1) % config.log_every == 0 or step + 1 == config.steps:  # reading the loss waits for the GPU: only here
+                losses.append(float(loss.detach()))
                 writer.add_scalar("vae/loss", losses[-1], step + 1)
                 writer.add_scalar("vae/l1", float(l1.detach()), step + 1)
                 writer.add_scalar("vae/kl", float(kl.detach()), step + 1)
                 bar.set_postfix(loss=f"{losses[-1]:.4f}")
             if (step + 1) % config.checkpoint_every == 0 and step + 1 < config.steps:
                 save_checkpoint(out, step + 1, {"vae": vae}, stateful, extra={"seconds": budget.seconds()})
-        steps_done = done
+        steps_done, train_seconds = done, time.time() - budget.started
+        if done > first and done % config.log_every and done != config.steps:  # the last step's loss, when it was not logged
+            losses.append(float(loss.detach()))
         save_checkpoint(out, steps_done, {"vae": vae}, stateful, extra={"seconds": budget.seconds()})
         writer.close()
         vae_lib.set_memory_format(vae, torch.contiguous_format)
@@ -237,6 +267,8 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
         "held_out_is_train": not held_out,
         "steps": steps_done,
         "final_loss": losses[-1] if losses else None,
+        "train_seconds_this_run": train_seconds,
+        "clips_per_s": (steps_done - first) * config.batch_size / train_seconds if train_seconds else None,
         "parameters_millions": sum(p.numel() for p in vae.parameters()) / 1e6,
         "spatial_compression": vae_lib.spatial_factor(vae),
         "latent_channels": int(vae.config.z_dim),
@@ -358,7 +390,7 @@ def train_world_model(
     if config.gradient_checkpointing and device.type == "cuda":
         dit.transformer.enable_gradient_checkpointing()
     ema = copy.deepcopy(dit).eval().requires_grad_(False)
-    optimizer = torch.optim.AdamW(dit.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.99))
+    optimizer = make_optimizer(dit.parameters(), config.lr, config.weight_decay, device)
     budget = TrainingBudget(config.steps, config.time_limit_s)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, budget.lr_factor)
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -388,34 +420,39 @@ def train_world_model(
     normalised_all = (actions_all - mean_t) / std_t  # (M, 13, A), once for every batch and self-forced sample
     loss_value, done, self_forced = float("nan"), step, 0
     self_forcing_sigmas = sampler_sigmas(config.self_forcing_steps, config.shift) if config.self_forcing_steps else model.sigmas
-    budget.started = time.time()
+    forced_per_step = round(config.self_forcing * config.batch_size)  # a fixed count: the compiled graphs see fixed shapes
+    has_previous = torch.nonzero(previous_all >= 0).flatten() if previous_all is not None else None
+    if forced_per_step and not len(has_previous):
+        raise ValueError("world_model.self_forcing: no training clip has a predecessor one chunk earlier (episodes too short?)")
+    forward = compiled(dit, config, device)
+    budget.started, first = time.time(), step
     bar = _progress(range(step, config.steps), initial=step, total=config.steps, desc="train-wm")
     for step in bar:
         if budget.out_of_time():  # checked first: a resumed run whose time is spent takes no step
             break
         index = torch.randint(num_clips, (config.batch_size,), generator=generator, device=device)
+        drop = action_drops(config, config.batch_size, generator, device)
+        forcing = forced_per_step and budget.fraction(step) >= config.self_forcing_after
+        if forcing:  # the first rows become clips that have a predecessor, drawn uniformly among them
+            pick = torch.randint(len(has_previous), (forced_per_step,), generator=generator, device=device)
+            index = torch.cat([has_previous[pick], index[forced_per_step:]])
         x0 = latents_all[index]  # (B, C, 4, h, w)
         actions = normalised_all[index]  # (B, 13, A)
-        batch = x0.shape[0]
-        drop = action_drops(config, batch, generator, device)
-        if config.self_forcing and budget.fraction(step) >= config.self_forcing_after:
+        if forcing:
             # the memory the model will really see from a rollout's second chunk on: its own samples
-            chosen = (torch.rand(batch, device=device, generator=generator) < config.self_forcing) & (previous_all[index] >= 0)
-            if chosen.any():
-                x0 = x0.clone()
-                x0[chosen, :, 1] = self_forced_memory(dit, latents_all, normalised_all, previous_all, index[chosen],
-                                                      config.self_forcing_chunks, self_forcing_sigmas, generator)  # fmt: skip
-                self_forced += int(chosen.sum())
-        loss = flow_matching_loss(dit, x0, actions, config, generator, drop)
+            x0[:forced_per_step, :, 1] = self_forced_memory(forward, latents_all, normalised_all, previous_all, index[:forced_per_step],
+                                                            config.self_forcing_chunks, self_forcing_sigmas, generator)  # fmt: skip
+            self_forced += forced_per_step
+        loss = flow_matching_loss(forward, x0, actions, config, generator, drop)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(dit.parameters(), config.grad_clip)
         optimizer.step()
         scheduler.step()
         ema_step(ema, dit, min(config.ema_decay, (1 + step) / (10 + step)))
-        loss_value = float(loss.detach())
         done = step + 1
-        if done % config.log_every == 0 or done == config.steps:
+        if done % config.log_every == 0 or done == config.steps:  # reading the loss waits for the GPU: only here
+            loss_value = float(loss.detach())
             writer.add_scalar("wm/loss", loss_value, done)
             writer.add_scalar("wm/grad_norm", float(grad_norm), done)
             writer.add_scalar("wm/lr", scheduler.get_last_lr()[0], done)
@@ -425,6 +462,9 @@ def train_world_model(
             _log_samples(writer, ema, vae, latents_all[:4], normalised_all[:4], model.sigmas, done)
         if done % config.checkpoint_every == 0 and done < config.steps:
             save_checkpoint(out, done, modules, stateful, extra={"shape": shape, "seconds": budget.seconds()})
+    if done > first and done % config.log_every and done != config.steps:  # the last step's loss, when it was not logged
+        loss_value = float(loss.detach())
+    loop_seconds = time.time() - budget.started
     if done % config.sample_every and done < config.steps:  # stopped by the time limit: samples of the end state
         _log_samples(writer, ema, vae, latents_all[:4], normalised_all[:4], model.sigmas, done)
     writer.close()
@@ -433,7 +473,9 @@ def train_world_model(
     model.save_pretrained(out, dit=ema)
     total = {} if steps_before is None else {"steps_total": steps_before + done}  # "steps" are this run's
     atomic_write_json(out / "results.json", {"steps": done, **total, "final_loss": loss_value, "clips": num_clips, "self_forced_clips_this_run": self_forced,
-                                             "train_seconds_this_run": time.time() - budget.started,
+                                             "train_seconds_this_run": time.time() - budget.started, "batch_size": config.batch_size,
+                                             "compiled": forward is not dit,
+                                             "clips_per_s": (done - first) * config.batch_size / loop_seconds if loop_seconds > 0 else None,
                                              "parameters_millions": sum(p.numel() for p in ema.parameters()) / 1e6})  # fmt: skip
     return model
 
@@ -465,9 +507,21 @@ def load_init_weights(dit, init_dit) -> None:
 
 @torch.no_grad()
 def ema_step(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
-    """One step of the exponential moving average of ``model``'s weights in ``ema``: ema <- decay ema + (1 - decay) model."""
-    for average, weight in zip(ema.parameters(), model.parameters()):
-        average.lerp_(weight, 1.0 - decay)
+    """One step of the exponential moving average of ``model``'s weights in ``ema``: ema <- decay ema + (1 - decay) model
+    (one multi-tensor kernel for all weights, not one per tensor)."""
+    torch._foreach_lerp_(list(ema.parameters()), list(model.parameters()), 1.0 - decay)
+
+
+def compiled(dit, config: WorldModelConfig, device: torch.device):
+    """The DiT's forward for training: ``torch.compile``d on CUDA when ``config.compile`` (the small DiT's eager step
+    is bound by kernel launches, not arithmetic), else the module itself. Compiled with fixed shapes: one graph for
+    the training batch and one for the self-forced samples' batch."""
+    if not (config.compile and device.type == "cuda"):
+        return dit
+    import torch._dynamo
+
+    torch._dynamo.config.suppress_errors = True  # a graph that fails to compile runs eagerly instead of ending the run
+    return torch.compile(dit, dynamic=False)
 
 
 def action_drops(config: WorldModelConfig, batch: int, generator: torch.Generator, device: torch.device) -> torch.Tensor | None:
