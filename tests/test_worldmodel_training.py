@@ -224,6 +224,7 @@ def test_bench_vae_train_times_the_real_training_loop_in_both_layouts(tmp_path, 
     assert [r["layout"] for r in saved["rows"]] == ["contiguous", "channels_last"]
     assert saved["faster"] == min(saved["rows"], key=lambda r: r["step_ms"])["layout"]
     assert all(r["steps_per_s"] > 0 for r in saved["rows"]) and "faster:" in (tmp_path / "bench.txt").read_text()
+    assert all(r["tflops"] > 0 and r["mfu"] is None and r["gpu_busy"] is None for r in saved["rows"])  # FLOPs counted; no peak on a CPU
 
 
 def test_evaluate_writes_metrics_and_strips(vae, tmp_path):
@@ -457,9 +458,33 @@ def test_bench_wm_train_times_the_real_training_loop(tmp_path, monkeypatch, caps
     assert calls == [(2, 1.0, 0.0), (2, 0.0, 0.0), (1, 0.0, 0.0), (2, 0.5, 0.0), (1, 0.5, 0.0)]
     rows = json.loads((tmp_path / "bench.json").read_text())
     assert [r["self_forcing"] for r in rows] == [0.0, 0.5] and all(r["steps_per_s"] > 0 and r["clips_per_s"] > 0 for r in rows)
-    assert "wm-train" in (tmp_path / "bench.txt").read_text() and "clips/s" in capsys.readouterr().out
+    assert all(r["mfu"] is None and r["gpu_busy"] is None and not r["compiled"] for r in rows)  # a CPU has no bf16 peak, no kernels
+    assert "wm-train" in (tmp_path / "bench.txt").read_text() and "GPU busy" in capsys.readouterr().out
     assert main(["bench", "wm-train", "--steps", "1"]) == 2
     assert "--steps >= 2" in capsys.readouterr().err
+
+
+def test_busy_time_is_the_union_of_kernel_intervals():
+    from worldloop.utils.timing import union_length
+
+    assert union_length([(0, 10), (5, 15), (20, 25), (21, 22)]) == 20  # two overlapping kernels count once, a nested one not at all
+    assert union_length([]) == 0
+
+
+def test_frame_store_draws_clips_of_consecutive_frames_and_holds_a_short_episodes_last():
+    from types import SimpleNamespace
+
+    from worldloop.worldmodel.train import FrameStore
+
+    # frame value = 100 * episode + index: a clip's frames say where they came from
+    episodes = [SimpleNamespace(frames=torch.full((n, 2, 2, 3), 0, dtype=torch.uint8) + (100 * e + torch.arange(n, dtype=torch.uint8)).view(-1, 1, 1, 1))
+                for e, n in enumerate((20, 3))]  # fmt: skip
+    clips = FrameStore(episodes, CPU).sample(64, 5, torch.Generator().manual_seed(0))[..., 0, 0, 0].long()  # (64, 5)
+    episode, index = clips // 100, clips % 100
+    assert (episode == episode[:, :1]).all() and {0, 1} == set(episode[:, 0].tolist())
+    long, short = episode[:, 0] == 0, episode[:, 0] == 1
+    assert (index[long].diff(dim=1) == 1).all() and index[long].max() <= 19
+    assert (index[short] == torch.tensor([0, 1, 2, 2, 2])).all()  # 3 frames: the last one held
 
 
 def test_self_forcing_samples_in_self_forcing_steps(vae, tmp_path, monkeypatch):

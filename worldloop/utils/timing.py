@@ -24,3 +24,33 @@ def seconds_per_call(fn: Callable[[], Any], device: torch.device, repeats: int, 
         fn()
     synchronize(device)
     return (time.perf_counter() - start) / repeats
+
+
+def gpu_busy_seconds(fn: Callable[[], Any], device: torch.device) -> tuple[float, float | None]:
+    """(wall seconds of ``fn``, seconds in which at least one GPU kernel ran), from torch.profiler's kernel
+    intervals (their union, so overlapping streams count once); None on a CPU. Profiling slows launch-bound
+    code: use the share busy / wall, not the wall, as the measurement."""
+    if device.type != "cuda":
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start, None
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        wall = time.perf_counter() - start
+    kernels = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return wall, union_length(kernels) / 1e6  # the profiler's times are microseconds
+
+
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    """The length of the union of (start, end) intervals: overlapping time counts once."""
+    total, reach = 0.0, float("-inf")
+    for begin, end in sorted(intervals):
+        if end > reach:
+            total += end - max(begin, reach)
+            reach = end
+    return total

@@ -5,7 +5,10 @@ It runs ``train_world_model`` itself, the loop ``train-wm`` runs, on ready-made 
 preset's shape (``world_model.size``, ``world_model.batch_size``, latents of ``sim.image_size`` frames
 under the preset's VAE). Each setting trains twice, ``--steps`` steps and 1/6 of that; the wall-time
 difference over the step difference is the time per optimizer step, free of the fixed costs around
-the loop (building the model, the final samples, the save). Settings: no self-forcing, and
+the loop (building the model, the final samples, the save). On a GPU the same pair runs once more under
+torch.profiler: the kernel time's difference over the wall time's difference is the share of the step in which the
+GPU was busy (``gpu_busy``; low: the host, launching kernels, is the limit), and MFU is the model's FLOPs per step
+over the step time and the device's dense bf16 peak. Settings: no self-forcing, and
 self-forcing at ``world_model.self_forcing`` (0.5 when the preset has none) from the first step: that
 share of the clips gets its memory latent from no-grad samples of the clips 1..``self_forcing_chunks``
 chunks earlier, in ``self_forcing_steps`` Euler steps each (``sampling_steps`` when 0). Reported: steps/s, clips/s and the
@@ -47,14 +50,18 @@ def random_clips(channels: int, side: int, action_dim: int = 4, count: int = CLI
 
 def time_training(config: Config, clips: dict[str, torch.Tensor], vae, steps: int, self_forcing: float, device: torch.device) -> float:
     """Wall seconds of one ``train_world_model`` run of ``steps`` steps (build, loop, samples and save)."""
+    return seconds_per_call(lambda: train_wm(config, clips, vae, steps, self_forcing, device), device, repeats=1, warmup=0)
+
+
+def train_wm(config: Config, clips: dict[str, torch.Tensor], vae, steps: int, self_forcing: float, device: torch.device) -> None:
+    """One ``train_world_model`` run of ``steps`` steps on ``clips``, into a temporary folder."""
     from worldloop.worldmodel.train import train_world_model
 
     never = 10**9  # no periodic logging, samples or checkpoints inside the timed loop
     wm = dataclasses.replace(config.world_model, steps=steps, self_forcing=self_forcing, self_forcing_after=0.0, time_limit_s=0.0,
                              log_every=never, sample_every=never, checkpoint_every=never)  # fmt: skip
     with tempfile.TemporaryDirectory() as out:
-        run = lambda: train_world_model(wm, [], vae, out, device, seed=config.seed, clips=clips)  # noqa: E731
-        return seconds_per_call(run, device, repeats=1, warmup=0)
+        train_world_model(wm, [], vae, out, device, seed=config.seed, clips=clips)
 
 
 def seconds_per_step(run_seconds: Callable[[int], float], steps: int) -> float:
@@ -62,6 +69,18 @@ def seconds_per_step(run_seconds: Callable[[int], float], steps: int) -> float:
     step difference, free of the fixed costs around the loop."""
     short = max(1, steps // 6)
     return max(run_seconds(steps) - run_seconds(short), 1e-9) / (steps - short)
+
+
+def busy_share(run: Callable[[int], None], steps: int, device: torch.device) -> float | None:
+    """The share of a training step in which the GPU runs a kernel: the runs of :func:`seconds_per_step`, profiled,
+    kernel seconds over wall seconds, each the difference of the two runs; None on a CPU."""
+    from worldloop.utils.timing import gpu_busy_seconds
+
+    if device.type != "cuda":
+        return None
+    short = max(1, steps // 6)
+    (wall_long, busy_long), (wall_short, busy_short) = (gpu_busy_seconds(lambda: run(n), device) for n in (steps, short))
+    return min(1.0, max(0.0, (busy_long - busy_short) / max(wall_long - wall_short, 1e-9)))
 
 
 def write_report(out: str | None, text: str, payload: Any) -> None:
@@ -75,9 +94,12 @@ def write_report(out: str | None, text: str, payload: Any) -> None:
 
 
 def measure(config: Config, clips: dict[str, torch.Tensor], vae, steps: int, self_forcing: float, device: torch.device) -> dict:
+    from worldloop.worldmodel.bench import peak_flops
     from worldloop.worldmodel.modeling import dit_flops_per_forward
 
     per_step = seconds_per_step(lambda n: time_training(config, clips, vae, n, self_forcing, device), steps)
+    busy = busy_share(lambda n: train_wm(config, clips, vae, n, self_forcing, device), steps, device)
+    peak = peak_flops(device)
     wm = config.world_model
     side = clips["latents"].shape[-1]
     tokens = 4 * (side // 2) ** 2
@@ -89,7 +111,8 @@ def measure(config: Config, clips: dict[str, torch.Tensor], vae, steps: int, sel
         "size": wm.size, "batch": wm.batch_size, "tokens": tokens, "self_forcing": self_forcing, "self_forcing_steps": sample_steps,
         "self_forcing_chunks": wm.self_forcing_chunks,
         "step_ms": 1e3 * per_step, "steps_per_s": 1 / per_step, "clips_per_s": wm.batch_size / per_step,
-        "dit_tflops": flops / per_step / 1e12,
+        "dit_tflops": flops / per_step / 1e12, "mfu": flops / per_step / peak if peak else None, "gpu_busy": busy,
+        "compiled": bool(wm.compile and device.type == "cuda"),
     }  # fmt: skip
 
 
@@ -98,12 +121,18 @@ def sampler_steps(wm) -> int:
     return wm.self_forcing_steps or wm.sampling_steps
 
 
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f} %"
+
+
 def format_table(rows: list[dict]) -> str:
-    header = f"{'preset':<8} {'batch':>5} {'tokens':>6} {'self-forcing':>12} {'step ms':>8} {'steps/s':>8} {'clips/s':>8} {'DiT TF/s':>8}"
+    header = (f"{'preset':<8} {'batch':>5} {'tokens':>6} {'compiled':>8} {'self-forcing':>12} {'step ms':>8} {'steps/s':>8} {'clips/s':>8} "
+              f"{'DiT TF/s':>8} {'MFU':>5} {'GPU busy':>8}")  # fmt: skip
     lines = [header, "-" * len(header)]
     for r in rows:
-        lines.append(f"{r['size']:<8} {r['batch']:>5} {r['tokens']:>6} {r['self_forcing']:>12.2f} {r['step_ms']:8.1f} "
-                     f"{r['steps_per_s']:8.2f} {r['clips_per_s']:8.1f} {r['dit_tflops']:8.2f}")  # fmt: skip
+        lines.append(f"{r['size']:<8} {r['batch']:>5} {r['tokens']:>6} {'yes' if r['compiled'] else 'no':>8} {r['self_forcing']:>12.2f} "
+                     f"{r['step_ms']:8.1f} {r['steps_per_s']:8.2f} {r['clips_per_s']:8.1f} {r['dit_tflops']:8.2f} {percent(r['mfu']):>5} "
+                     f"{percent(r['gpu_busy']):>8}")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -145,30 +174,55 @@ def random_episodes(image_size: int, count: int = 8, length: int = 40) -> list[S
 
 def time_vae_training(config: Config, episodes: list, steps: int, channels_last: bool, device: torch.device) -> float:
     """Wall seconds of one ``train_vae`` run of ``steps`` steps (build, loop, statistics, metrics and save)."""
+    return seconds_per_call(lambda: train_vae_run(config, episodes, steps, channels_last, device), device, repeats=1, warmup=0)
+
+
+def train_vae_run(config: Config, episodes: list, steps: int, channels_last: bool, device: torch.device) -> None:
+    """One ``train_vae`` run of ``steps`` steps on ``episodes``, into a temporary folder."""
     from worldloop.worldmodel.train import train_vae
 
     never = 10**9
     vae = dataclasses.replace(config.vae, steps=steps, channels_last=channels_last, time_limit_s=0.0, init=None, pretrained=None,
                               log_every=never, checkpoint_every=never)  # fmt: skip
     with tempfile.TemporaryDirectory() as out:
-        run = lambda: train_vae(vae, episodes, episodes[:1], out, device, seed=config.seed)  # noqa: E731
-        return seconds_per_call(run, device, repeats=1, warmup=0)
+        train_vae(vae, episodes, episodes[:1], out, device, seed=config.seed)
 
 
-def measure_vae(config: Config, episodes: list, steps: int, channels_last: bool, device: torch.device) -> dict:
+def vae_step_flops(config: Config, device: torch.device) -> float:
+    """FLOPs of one VAE training step (encode, decode, backward) at the bench's shapes, counted by torch's FlopCounterMode."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from worldloop.worldmodel import vae as vae_lib
+
+    vae = vae_lib.build_vae(config.vae).to(device)
+    frames = torch.randint(0, 256, (config.vae.batch_size, config.vae.clip_frames, config.sim.image_size, config.sim.image_size, 3),
+                           dtype=torch.uint8, device=device)  # fmt: skip
+    with FlopCounterMode(display=False) as counter:
+        pixels = vae_lib.frames_to_pixels(frames)
+        (vae.decode(vae.encode(pixels).latent_dist.sample()).sample - pixels).abs().mean().backward()
+    return float(counter.get_total_flops())
+
+
+def measure_vae(config: Config, episodes: list, steps: int, channels_last: bool, device: torch.device, flops: float) -> dict:
+    from worldloop.worldmodel.bench import peak_flops
+
     per_step = seconds_per_step(lambda n: time_vae_training(config, episodes, n, channels_last, device), steps)
+    busy = busy_share(lambda n: train_vae_run(config, episodes, n, channels_last, device), steps, device)
+    peak = peak_flops(device)
     layout = "channels_last" if channels_last else "contiguous"
     batch = config.vae.batch_size
     return {"size": config.vae.size, "batch": batch, "frames": config.vae.clip_frames, "image_size": config.sim.image_size,
-            "layout": layout, "step_ms": 1e3 * per_step, "steps_per_s": 1 / per_step, "clips_per_s": batch / per_step}  # fmt: skip
+            "layout": layout, "step_ms": 1e3 * per_step, "steps_per_s": 1 / per_step, "clips_per_s": batch / per_step,
+            "tflops": flops / per_step / 1e12, "mfu": flops / per_step / peak if peak else None, "gpu_busy": busy}  # fmt: skip
 
 
 def format_vae_table(rows: list[dict]) -> str:
-    header = f"{'preset':<8} {'batch':>5} {'frames':>6} {'pixels':>6} {'layout':<14} {'step ms':>8} {'steps/s':>8} {'clips/s':>8}"
+    header = (f"{'preset':<8} {'batch':>5} {'frames':>6} {'pixels':>6} {'layout':<14} {'step ms':>8} {'steps/s':>8} {'clips/s':>8} "
+              f"{'TF/s':>6} {'MFU':>5} {'GPU busy':>8}")  # fmt: skip
     lines = [header, "-" * len(header)]
     for r in rows:
         lines.append(f"{r['size']:<8} {r['batch']:>5} {r['frames']:>6} {r['image_size']:>6} {r['layout']:<14} {r['step_ms']:8.1f} "
-                     f"{r['steps_per_s']:8.2f} {r['clips_per_s']:8.1f}")  # fmt: skip
+                     f"{r['steps_per_s']:8.2f} {r['clips_per_s']:8.1f} {r['tflops']:6.1f} {percent(r['mfu']):>5} {percent(r['gpu_busy']):>8}")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -182,9 +236,10 @@ def bench_vae_train(args: argparse.Namespace, config: Config) -> int:
     episodes = random_episodes(config.sim.image_size, length=max(40, config.vae.clip_frames))
     for channels_last in (False, True):  # warm-up: CUDA context, cuDNN's choices for both layouts
         time_vae_training(config, episodes, 2, channels_last, device)
+    flops = vae_step_flops(config, device)
     rows = []
     for channels_last in (False, True):
-        rows.append(measure_vae(config, episodes, args.steps, channels_last, device))
+        rows.append(measure_vae(config, episodes, args.steps, channels_last, device, flops))
         print(format_vae_table(rows[-1:]).splitlines()[-1], flush=True)
     faster = min(rows, key=lambda r: r["step_ms"])["layout"]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
