@@ -151,7 +151,7 @@ def test_train_vae_writes_a_loadable_folder_and_metrics(tmp_path):
 
 
 def test_train_vae_continues_from_an_earlier_vae_with_init(tmp_path):
-    """vae.init: training starts from an earlier train-vae's weights (a VAE grows over several leases), not from a
+    """vae.init: training starts from an earlier train-vae's weights (a VAE grows over several runs), not from a
     fresh initialisation; its latent statistics are measured again; pretrained and init together are refused."""
     from worldloop.config import ConfigError, load_config
 
