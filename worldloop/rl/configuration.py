@@ -35,7 +35,7 @@ class RLConfig:
     of the best kappa (OUT/judge_calibration.json; a resumed run keeps it). The 2026-12-02 gap-sources-blame-the-judge run's judge,
     whose threshold was chosen on mostly expert episodes, passed 0.90 of the base policy's real episodes
     (0.45 real), and RL learned to fail in ways it passed; the thirteenth's, calibrated so, agreed with the
-    simulator on real frames at kappa 0.67-0.85 (docs/results.md). The metaworld-gpu preset's default."""
+    simulator on real frames at kappa 0.67-0.85 (docs/experiments/). The metaworld-gpu preset's default."""
     judge_threshold_tolerance_se: float = 1.0
     """rl.judge_threshold 'replay': of the thresholds within this many standard errors of the best kappa, the
     highest (RL is paid for a false success; a missed one only costs signal); 0: the best itself."""
@@ -49,7 +49,7 @@ class RLConfig:
     rule within the task (the one for all stays where a task's episodes cannot choose); rl.train_tasks=tracked then
     judges each task at its own. One threshold for all is where the tasks' replays score alike; the 2026-12-03
     one-threshold-for-all-tasks run's did not: door-open's replays agreed with the simulator at kappa ~0.35 around 0.9 and at 0 at the
-    0.998 that button-press-topdown's chose for all (docs/results.md). Within a task the choice rests on fewer
+    0.998 that button-press-topdown's chose for all (docs/experiments/). Within a task the choice rests on fewer
     episodes (rl.eval_episodes_per_task), so it is noisier."""
     train_tasks: Literal["all", "tracked"] = "all"
     """'all': train on every task of --tasks (or the dataset's). 'tracked' (needs rl.judge_threshold 'replay'):
@@ -83,7 +83,7 @@ class RLConfig:
     into this many. When rl.filter_groups drops groups, into proportionally fewer (ceil(M * kept fraction), at least
     one), so that a minibatch holds as many trajectories either way: an iteration with little signal takes fewer
     AdamW steps, not as many on fewer samples. The 2026-12-02 refinement-ab run, which split 1 kept group of 8 into 4,
-    saw approx_kl 0.26 in such an iteration (docs/results.md)."""
+    saw approx_kl 0.26 in such an iteration (docs/experiments/)."""
     lr: float = 1e-5
     """AdamW learning rate of the policy (constant after the warm-up)."""
     lr_warmup_steps: int = 16

@@ -3,7 +3,7 @@
 RL in imagination moves the policy towards actions the world model has not seen, and where the world
 model renders those wrongly, RL exploits it: in the 2026-12-02 replay-calibrated-judge run the world model replaying
 the policy's real door-open actions agreed with the simulator at kappa 0.50 before RL and -0.20 after 44
-iterations, while real success fell 0.46 -> 0.13 (docs/results.md). WoVR's answer is PACE: let the world
+iterations, while real success fell 0.46 -> 0.13 (docs/experiments/). WoVR's answer is PACE: let the world
 model see what the evolved policy really does. `worldloop loop` does it between whole RL stages; this
 does it every ``rl.refine_every`` iterations of one run:
 
