@@ -273,7 +273,7 @@ def overfit_compact_vla(steps: int = 250) -> torch.nn.Module:
 
 
 def test_warm_up_keeps_the_first_update_of_a_confident_policy_small(tmp_path):
-    """The H200 sessions' first RL iteration moved the one-demonstration SFT policy to approx_kl 0.5 and 1.4,
+    """The H200 runs' first RL iteration moved the one-demonstration SFT policy to approx_kl 0.5 and 1.4,
     the later ones ~0.02. The same on CPU: a fresh AdamW's first steps move every weight by about lr (here 12 steps
     in the first iteration: 3 of its 4 groups kept, so 6 of rl.num_minibatches=8 per epoch)."""
     policy = overfit_compact_vla()
@@ -383,7 +383,7 @@ def test_the_reality_check_shares_the_calibrations_environments_only_on_the_same
 
 def test_a_judge_that_always_says_success_is_diagnosed(tmp_path):
     """Every imagined rollout judged a success: no group carries signal, and the run says why (the H200
-    failure of the third session: the judge fired on world-model artefacts)."""
+    failure of the 2026-12-01 self-forcing run: the judge fired on world-model artefacts)."""
     torch.manual_seed(0)
     env = ImaginedEnv(ToyWorldModel(), ToyJudge(radius=10.0), make_pool(32, 3), 16, 8, max_steps=16, kir_ratio=0.0)
     results = train(ToyPolicy(), env, config(iterations=6, num_groups=2), tmp_path / "run", console=False)
@@ -452,7 +452,7 @@ def test_a_fall_in_real_success_stops_rl_with_the_last_weights_that_held(tmp_pat
 
 
 def test_the_time_limit_leaves_room_for_the_final_evaluation(tmp_path, monkeypatch):
-    """rl.time_limit_min ends a run while its final evaluation still fits: the twentieth H200 session's second
+    """rl.time_limit_min ends a run while its final evaluation still fits: the 2026-12-03 per-task-thresholds run's second
     arm, stopped from outside during its last evaluation, wrote no results at all."""
     from worldloop.rl.trainer import time_is_up
 
@@ -485,7 +485,7 @@ def test_the_time_limit_leaves_room_for_the_final_evaluation(tmp_path, monkeypat
 
 
 def test_an_optimistic_imagined_environment_is_diagnosed_once(tmp_path):
-    """Imagined success far above the real one from the same initial states (the fourth H200 session:
+    """Imagined success far above the real one from the same initial states (the 2026-12-01 expert-world-model run:
     0.985 vs 0.370): the first evaluation that shows it warns, later ones do not repeat it."""
     from worldloop.rl.trainer import OPTIMISTIC
 
@@ -502,7 +502,7 @@ def test_an_optimistic_imagined_environment_is_diagnosed_once(tmp_path):
 
 
 def test_a_pessimistic_imagined_environment_is_diagnosed(tmp_path):
-    """Imagined success far below the real one (the fifth H200 session: 0.015 vs 0.370): a judge that never
+    """Imagined success far below the real one (the 2026-12-01 base-rollouts run: 0.015 vs 0.370): a judge that never
     fires in imagination warns with the other direction's advice."""
     from worldloop.rl.trainer import OPTIMISTIC, PESSIMISTIC, UNTRACKED
 
@@ -520,7 +520,7 @@ def test_a_pessimistic_imagined_environment_is_diagnosed(tmp_path):
 
 
 def test_rates_that_match_but_verdicts_that_do_not_are_diagnosed(tmp_path):
-    """The sixth H200 session: imagined 0.325 vs real 0.370 from the same states, but per episode the
+    """The 2026-12-01 rates-match-verdicts-do-not run: imagined 0.325 vs real 0.370 from the same states, but per episode the
     verdicts agreed at chance (kappa -0.02). Here the imagined episodes start from other initial
     states than the real ones, so the rates match and the verdicts are independent; the same world
     model started from the real states, under a greedy policy, tracks reality and does not warn."""
@@ -838,8 +838,8 @@ def test_a_lenient_judge_is_recalibrated_on_the_base_policys_replayed_episodes(t
 
 class SqueezedOn(ToyJudge):
     """The toy judge with one task's scores squeezed toward 1 (score ** 0.001): the same order within each task
-    on another scale, as a judge may score one task's imagined frames (door-open's replays in the nineteenth H200
-    session agreed with the simulator around 0.9, button-press-topdown's around 0.998)."""
+    on another scale, as a judge may score one task's imagined frames (door-open's replays in the
+    2026-12-03 one-threshold-for-all-tasks run agreed with the simulator around 0.9, button-press-topdown's around 0.998)."""
 
     def __init__(self, task: str, **kwargs):
         super().__init__(**kwargs)
@@ -924,7 +924,7 @@ def test_a_gap_that_neither_the_judge_nor_the_replay_shows_is_the_closed_loop():
 
 
 def test_world_model_exploitation_needs_a_faithful_start_a_significant_fall_and_optimism():
-    """The thirteenth H200 session's door-open: the replay agreed with the simulator at kappa 0.50 at
+    """The 2026-12-02 replay-calibrated-judge run's door-open: the replay agreed with the simulator at kappa 0.50 at
     iteration 0 and at -0.20 at iteration 44, saying 0.59 where the simulator said 0.13. No warning when the
     start was not faithful (drawer-open, 0.09), the fall is within two standard errors, or the replay says less."""
     from worldloop.rl.trainer import EXPLOITED, world_model_exploited_diagnosis
@@ -945,7 +945,7 @@ def test_world_model_exploitation_needs_a_faithful_start_a_significant_fall_and_
 
 
 def test_a_gain_in_imagination_alone_is_named():
-    """The twenty-second H200 session's drawer-open: imagined 4 -> 76 of 80 episodes, real 33 -> 32. No warning
+    """The 2026-12-03 vae-changes-first-choices run's drawer-open: imagined 4 -> 76 of 80 episodes, real 33 -> 32. No warning
     when reality rose too, when the imagined gain is within 3 paired standard errors, or without per-episode verdicts."""
     from worldloop.rl.trainer import IMAGINED_ONLY, imagined_only_gain_diagnosis
 
@@ -1011,7 +1011,7 @@ def test_a_task_that_gains_in_imagination_only_is_dropped_from_training_and_stay
 
 
 def test_a_task_that_imagination_does_not_track_is_named_even_when_the_overall_kappa_is_fine():
-    """The thirteenth H200 session at iteration 0: kappa 0.28 overall, door-open 0.50 and drawer-open 0.05."""
+    """The 2026-12-02 replay-calibrated-judge run at iteration 0: kappa 0.28 overall, door-open 0.50 and drawer-open 0.05."""
     from worldloop.rl.trainer import UNTRACKED, imagination_tracking_diagnosis
 
     tasks = {"door-open-v3": {"episodes": 100}, "drawer-open-v3": {"episodes": 100}}

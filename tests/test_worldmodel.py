@@ -300,7 +300,7 @@ def _static_scene_error(context_channels: bool, steps: int = 100, seed: int = 0)
 
 
 def test_context_channels_keep_a_static_scene_in_fewer_steps():
-    """The ninth H200 session's imagined objects faded within a few chunks. With the context latents on
+    """The 2026-12-01 fading-objects run's imagined objects faded within a few chunks. With the context latents on
     every frame's channels, keeping what does not move is a per-patch copy: the same tiny DiT and steps
     estimate a static random scene far better (CPU, seeds 0-2: 0.035-0.036 against 0.56-0.62)."""
     plain, concatenated = _static_scene_error(False), _static_scene_error(True)

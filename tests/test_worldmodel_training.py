@@ -151,7 +151,7 @@ def test_train_vae_writes_a_loadable_folder_and_metrics(tmp_path):
 
 
 def test_train_vae_continues_from_an_earlier_vae_with_init(tmp_path):
-    """vae.init: training starts from an earlier train-vae's weights (a VAE grows over several leases), not from a
+    """vae.init: training starts from an earlier train-vae's weights (a VAE grows over several runs), not from a
     fresh initialisation; its latent statistics are measured again; pretrained and init together are refused."""
     from worldloop.config import ConfigError, load_config
 
@@ -502,23 +502,19 @@ def test_self_forcing_samples_in_self_forcing_steps(vae, tmp_path, monkeypatch):
         WorldModelConfig(self_forcing_steps=-1).validate()
 
 
-def test_a_world_model_carried_in_parts_is_continued_by_init(vae, tmp_path):
-    """The next lease's path: the DiT packed without its VAE and clip cache, the VAE apart, unpacked into one
-    folder, then ``init`` starts training from those weights and action statistics; an init for
-    other actions is refused."""
-    from worldloop.utils.parts import pack, unpack
+def test_a_copied_world_model_is_continued_by_init(vae, tmp_path):
+    """Another machine's path: the world-model folder copied without its clip cache, then ``init`` starts training
+    from those weights and action statistics; an init for other actions is refused."""
+    import shutil
+
     from worldloop.worldmodel.rollout import WorldModel
 
     episodes = square_episodes(4, seed=1, length=16)
     trained = train_world_model(fast_config(steps=4), episodes, vae, tmp_path / "a", CPU)
-    dit_manifest = pack(tmp_path / "a", tmp_path / "carry", "wm", skip=["vae", "latents.safetensors", "latents.json"])
-    assert sorted(json.loads(dit_manifest.read_text())["files"]) == ["config.json", "model.safetensors", "results.json"]
-    vae_manifest = pack(tmp_path / "a" / "vae", tmp_path / "carry", "vae")
-    unpack(dit_manifest, tmp_path / "b")
-    unpack(vae_manifest, tmp_path / "b" / "vae")
+    shutil.copytree(tmp_path / "a", tmp_path / "b", ignore=shutil.ignore_patterns("latents.*", "checkpoints"))
     carried = WorldModel.from_pretrained(tmp_path / "b", CPU)
     for (name, p), q in zip(trained.dit.state_dict().items(), carried.dit.state_dict().values()):
-        assert torch.allclose(p, q, atol=1e-3, rtol=1e-3), name  # float16 in transit
+        assert torch.equal(p, q), name
 
     continued = train_world_model(fast_config(steps=0), square_episodes(4, seed=2, length=16), vae, tmp_path / "c", CPU, init=carried,
                                   steps_before=steps_trained(tmp_path / "b"))  # fmt: skip

@@ -14,6 +14,7 @@ import re
 import sys
 
 from worldloop.config import DEFAULT_PRESET, ConfigError, load_config
+from worldloop.utils.gl import RenderingUnavailable
 
 VERBS = {
     "config": "worldloop.commands.config",
@@ -66,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"worldloop {args.verb}: config error: {error}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, ValueError, TypeError) as error:
-        # bad input (a missing folder, a corrupt file, a wrong shape): the message says what and where;
+    except (FileNotFoundError, ValueError, TypeError, RenderingUnavailable) as error:
+        # bad input (a missing folder, a corrupt file, a wrong shape) or no OpenGL: the message says what and where;
         # WORLDLOOP_DEBUG=1 shows the traceback too
         if os.environ.get("WORLDLOOP_DEBUG"):
             raise

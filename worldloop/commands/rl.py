@@ -251,7 +251,7 @@ def calibrate_threshold(calibration, policy, judge, rl, path) -> dict:
               f"real episodes replayed in the world model (real success {result['real']['success_once']:.3f}; judged "
               f"{before['success_once']:.3f}, kappa {kappa(before)}), in {result['seconds']:.0f} s ({path})")  # fmt: skip
     if after["kappa"] is None or after["kappa"] < 2 * after["kappa_stderr"]:
-        # the thirteenth H200 session with rl.success_chunks=2: kappa 0.06 ± 0.07; the sixteenth's: <= 0 at every threshold
+        # the 2026-12-02 replay-calibrated-judge run with rl.success_chunks=2: kappa 0.06 ± 0.07; the 2026-12-02 judge-never-says-success run's: <= 0 at every threshold
         print(f"rl: WARNING at the judge's threshold the replays' verdicts agree with the simulator's no better than chance "
               f"(kappa {kappa(after)}): this judge cannot tell the starting policy's successes from its failures in "
               "this world model, so RL's reward will be noise. Check the replays (`calibrate-reward --world-model` on the "

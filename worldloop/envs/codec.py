@@ -3,7 +3,7 @@
 Every frame the imagined environment shows a policy has been encoded and decoded by the world model's VAE;
 the simulator's frames have not. Wrapped in :class:`CodecObservations`, the simulator's frames pass through
 the same VAE before anyone sees them, so a policy meets the same loss of detail in both worlds (in the
-twenty-second H200 session that loss alone changed 0.32 of the policy's first action tokens). The simulator's
+2026-12-03 vae-changes-first-choices run that loss alone changed 0.32 of the policy's first action tokens). The simulator's
 own success and time limit are untouched: what is measured is still the real task.
 """
 

@@ -74,8 +74,8 @@ class SFTConfig:
     augment_blur: float = 0.0
     """Share of training frames Gaussian-blurred (sigma 0.1-1.5 px, as the judge's world-model artefacts), so that
     the policy chooses the same actions from a world model's blurrier frames as from the simulator's (0: off).
-    At 0.5 a policy still kept only 0.70 of its tokens on frames through the world model's VAE (docs/results.md,
-    twenty-second session): the VAE's loss is not a Gaussian blur; augment_codec trains on the real thing."""
+    At 0.5 a policy still kept only 0.70 of its tokens on frames through the world model's VAE
+    (docs/experiments/2026-12-03-vae-changes-first-choices.md): the VAE's loss is not a Gaussian blur; augment_codec trains on the real thing."""
     augment_codec: float = 0.0
     """Share of training frames shown through the world model's VAE (`worldloop sft --world-model`), encoded and
     decoded, as every imagined frame is: the policy learns to choose the same actions from them as from the

@@ -30,7 +30,7 @@ class ClassifierConfig:
     threshold_tolerance_se: float = 1.0
     """'episode_kappa': of the thresholds whose kappa lies within this many standard errors of the best, the
     highest; 0: the best itself. On ~80 held-out episodes kappa's standard error is ~0.15, so its argmax is
-    noise: the twelfth H200 session's landed on 0.125 (kappa 0.22 +- 0.17), whose judge then passed 11 of the
+    noise: the 2026-12-02 gap-sources-blame-the-judge run's landed on 0.125 (kappa 0.22 +- 0.17), whose judge then passed 11 of the
     base policy's 12 failed rollouts' replays and 0.90 of its real episodes (real 0.45), and RL learned to
     fail in ways it passed. RL is paid for a false success and only loses signal on a missed one."""
     threshold_significance_se: float = 1.0

@@ -123,7 +123,7 @@ def max_kappa_threshold(scores: np.ndarray, success: np.ndarray, strata: np.ndar
     Only thresholds whose kappa is above 0 by more than ``significance_se`` of its standard errors take
     part: where none agrees beyond chance, the highest threshold (the judge passes one episode, kappa
     near 0) would otherwise be the best and be chosen, and the judge would never say success again (the
-    sixteenth H200 session: kappa -0.13 at the trained threshold, 0.999 chosen, no success judged even on
+    2026-12-02 judge-never-says-success run: kappa -0.13 at the trained threshold, 0.999 chosen, no success judged even on
     real frames). None then, and when the episodes all succeed or all fail (judging them all alike agrees
     perfectly but has no kappa, and any other threshold only looks as good by chance)."""
     scores, success = np.asarray(scores, dtype=np.float64), np.asarray(success, dtype=bool)

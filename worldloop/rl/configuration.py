@@ -32,31 +32,31 @@ class RLConfig:
     policy's own real episodes (rl.eval_episodes_per_task per evaluation task, initial states apart from the
     evaluations'), replayed in the world model with their own actions: the highest threshold whose
     per-episode verdicts agree with the simulator's within rl.judge_threshold_tolerance_se standard errors
-    of the best kappa (OUT/judge_calibration.json; a resumed run keeps it). The twelfth H200 session's judge,
+    of the best kappa (OUT/judge_calibration.json; a resumed run keeps it). The 2026-12-02 gap-sources-blame-the-judge run's judge,
     whose threshold was chosen on mostly expert episodes, passed 0.90 of the base policy's real episodes
     (0.45 real), and RL learned to fail in ways it passed; the thirteenth's, calibrated so, agreed with the
-    simulator on real frames at kappa 0.67-0.85 (docs/results.md). The metaworld-gpu preset's default."""
+    simulator on real frames at kappa 0.67-0.85 (docs/experiments/). The metaworld-gpu preset's default."""
     judge_threshold_tolerance_se: float = 1.0
     """rl.judge_threshold 'replay': of the thresholds within this many standard errors of the best kappa, the
     highest (RL is paid for a false success; a missed one only costs signal); 0: the best itself."""
     judge_threshold_significance_se: float = 2.0
     """rl.judge_threshold 'replay': only thresholds whose kappa is above 0 by more than this many standard errors
     are chosen; where none is, the judge keeps its threshold and rl warns that its reward is noise. Without it
-    the sixteenth H200 session's calibration (kappa <= 0 at every threshold) chose 0.999, where the judge passed
+    the 2026-12-02 judge-never-says-success run's calibration (kappa <= 0 at every threshold) chose 0.999, where the judge passed
     nothing, not even real successes."""
     judge_threshold_per_task: bool = False
     """rl.judge_threshold 'replay': each task's replayed episodes also choose a threshold of their own, by the same
     rule within the task (the one for all stays where a task's episodes cannot choose); rl.train_tasks=tracked then
-    judges each task at its own. One threshold for all is where the tasks' replays score alike; the nineteenth H200
-    session's did not: door-open's replays agreed with the simulator at kappa ~0.35 around 0.9 and at 0 at the
-    0.998 that button-press-topdown's chose for all (docs/results.md). Within a task the choice rests on fewer
+    judges each task at its own. One threshold for all is where the tasks' replays score alike; the 2026-12-03
+    one-threshold-for-all-tasks run's did not: door-open's replays agreed with the simulator at kappa ~0.35 around 0.9 and at 0 at the
+    0.998 that button-press-topdown's chose for all (docs/experiments/). Within a task the choice rests on fewer
     episodes (rl.eval_episodes_per_task), so it is noisier."""
     train_tasks: Literal["all", "tracked"] = "all"
     """'all': train on every task of --tasks (or the dataset's). 'tracked' (needs rl.judge_threshold 'replay'):
     only on those among them whose replays in the calibration agree with the simulator, within the task, more
     than rl.judge_threshold_significance_se standard errors beyond chance at the chosen threshold; rl stops
     with an error when none does. Where imagination cannot tell a task's successes from its failures, RL's
-    reward there is noise (the sixteenth H200 session's window tasks: kappa -0.17 and -0.09) while the shared
+    reward there is noise (the 2026-12-02 judge-never-says-success run's window tasks: kappa -0.17 and -0.09) while the shared
     policy still changes there. The calibration runs on rl.eval_tasks (default: every candidate); the
     evaluations then on rl.eval_tasks when set, else on the tasks kept."""
     kir_ratio: float = 0.5
@@ -75,22 +75,22 @@ class RLConfig:
     the advantages, so a rollout is credited with another rollout's score from the same initial state: the kept
     groups, the advantages' sizes and the loss masks stay as in a real run, only the link between what a rollout did
     and its reward is cut. Real success that rises under it does not come from imagination's reward (door-open rose
-    in reality in four sessions while its imagined verdicts agreed with its actions' real outcome at kappa 0.03)."""
+    in reality in four H200 runs while its imagined verdicts agreed with its actions' real outcome at kappa 0.03)."""
     update_epochs: int = 2
     """Passes over each rollout batch in the update."""
     num_minibatches: int = 4
     """Minibatches per epoch when every group is kept; the valid (trajectory, chunk) samples are shuffled and split
     into this many. When rl.filter_groups drops groups, into proportionally fewer (ceil(M * kept fraction), at least
     one), so that a minibatch holds as many trajectories either way: an iteration with little signal takes fewer
-    AdamW steps, not as many on fewer samples. The fifteenth H200 session, which split 1 kept group of 8 into 4,
-    saw approx_kl 0.26 in such an iteration (docs/results.md)."""
+    AdamW steps, not as many on fewer samples. The 2026-12-02 refinement-ab run, which split 1 kept group of 8 into 4,
+    saw approx_kl 0.26 in such an iteration (docs/experiments/)."""
     lr: float = 1e-5
     """AdamW learning rate of the policy (constant after the warm-up)."""
     lr_warmup_steps: int = 16
     """Optimizer steps over which the learning rate rises linearly to ``lr``; 0: none. A fresh Adam's first
     steps move every weight by about ``lr`` whatever its gradient's noise (its second-moment estimate is still
-    one gradient): without warm-up, the H200 sessions' first iteration took a 100M-parameter SFT policy to
-    actor/approx_kl 0.54 and 1.43, 25-70 times the later iterations' median (docs/results.md, eighth session)."""
+    one gradient): without warm-up, the H200 runs' first iteration took a 100M-parameter SFT policy to
+    actor/approx_kl 0.54 and 1.43, 25-70 times the later iterations' median (docs/experiments/2026-12-01-first-rl-update-too-large.md)."""
     target_kl: float | None = None
     """Early stop of each iteration's update (CleanRL's target_kl, checked per minibatch): a minibatch whose
     approx_kl to the rollout's policy, measured before its own step, exceeds this takes no step, and the
@@ -126,7 +126,7 @@ class RLConfig:
     eval_imagined_actions_in_reality: bool = False
     """At each reality check, also drive the simulator open loop, from the same initial states, by the closed-loop
     imagined episodes' action chunks: the simulator's verdict on what the policy did in imagination, with its kappa
-    against the imagined verdicts. Says whether a task imagination fails (door-open in the twenty-third H200 session:
+    against the imagined verdicts. Says whether a task imagination fails (door-open in the 2026-12-03 reality-through-the-vae run:
     0.04 imagined, 0.35 real) fails for the policy's actions on imagined frames or for the world model's rendering of
     them. One more real run per check (results.json imagined_actions_in_reality). Needs --world-model, --judge and
     rl.eval_episodes_per_task > 0."""
@@ -135,19 +135,19 @@ class RLConfig:
     closed-loop imagined episodes' own action chunks under other world-model noise, with the kappa of its verdicts
     against the first ones: near 1, the actions decide what imagination judges (RL can learn it, whether reality
     agrees or not); near 0, the sampling noise does and RL's reward is a coin toss (door-open's imagined success did
-    not move under RL, nor under shuffled rewards, in the twenty-fifth H200 session). One more world-model run per
+    not move under RL, nor under shuffled rewards, in the 2026-12-04 shuffled-reward-control run). One more world-model run per
     check (results.json imagination_repeat). Needs --world-model, --judge and rl.eval_episodes_per_task > 0."""
     drop_imagined_only: bool = False
     """Stop training on a task from the first reality check that finds its closed-loop imagined success risen by more
     than 3 paired standard errors since the first check while its real success has not risen by one (the warning
-    'success rose in imagination only'): RL is exploiting the world model there (drawer-open in four H200 sessions).
+    'success rose in imagination only'): RL is exploiting the world model there (drawer-open in four H200 runs).
     The other training tasks take its groups; when none is left, training stops. Needs the reality check's imagined
     run (--world-model, --judge, rl.eval_episodes_per_task > 0); results.json lists the tasks under dropped_tasks."""
     reality_through_codec: bool = False
     """The policy observes the real simulator through the world model's VAE (worldloop/envs/codec.py), as it
     observes imagination: the reality checks (calibration, tracking, the stop rule) and, with --env real, the
     training env. Then the policy RL makes is one that is deployed behind that VAE (`worldloop eval --world-model`).
-    In the twenty-second H200 session the VAE alone changed 0.32 of the policy's first action tokens. Needs --world-model
+    In the 2026-12-03 vae-changes-first-choices run the VAE alone changed 0.32 of the policy's first action tokens. Needs --world-model
     at sim.image_size.
     The refinement rounds' episodes (rl.refine_every) stay raw: the world model learns from the simulator's own frames."""
     eval_videos_per_task: int = 1
@@ -158,7 +158,7 @@ class RLConfig:
     per training task (sampled at rl.train_temperature, initial states apart from the evaluations'), and the
     world model's DiT trains rl.refine_steps steps on them, half of each batch (the other half: the dataset's
     training episodes of those tasks), so that it learns what the evolved policy's actions really do before RL
-    exploits what it renders wrongly (the thirteenth H200 session: replay kappa 0.50 -> -0.20 on door-open
+    exploits what it renders wrongly (the 2026-12-02 replay-calibrated-judge run: replay kappa 0.50 -> -0.20 on door-open
     while real success fell; worldloop/rl/refine.py). It spends real episodes; OUT/refine keeps their clips, OUT/world_model the refined world model.
     0: never, RL in imagination alone (--env imagined only)."""
     refine_episodes_per_task: int = 8
@@ -170,15 +170,15 @@ class RLConfig:
     refine_ema_decay: float = 0.99
     """Decay per refinement step of the exponential moving average of the refined DiT, which the imagined environment
     samples from and OUT/world_model keeps (train-wm samples from its EMA too, world_model.ema_decay); 0.99 averages
-    over ~100 of a round's steps. 0: the raw weights of the last step (the fifteenth H200 session's refinement,
+    over ~100 of a round's steps. 0: the raw weights of the last step (the 2026-12-02 refinement-ab run's refinement,
     whose imagination turned pessimistic)."""
     stop_when_real_falls_se: float = 0.0
     """Stop RL at the first evaluation whose real success, overall or on any evaluation task, lies below the first
     evaluation's by more than this many standard errors of the difference (paired episode by episode: the evaluations
     share their initial states, so only episodes whose outcome flipped count); the weights of the last evaluation that
     did not fall become the final policy (OUT/policy; results.json's "stopped" says which). 0: off. RL in
-    imagination lowered door-open's real success while imagination said it rose in the thirteenth and fifteenth
-    H200 sessions (0.46 -> 0.13, 0.49 -> 0.07). Each evaluation and task is one more look: with several of
+    imagination lowered door-open's real success while imagination said it rose in the 2026-12-02 replay-calibrated-judge and
+    refinement-ab runs (0.46 -> 0.13, 0.49 -> 0.07). Each evaluation and task is one more look: with several of
     each, a fall of 2 standard errors by chance alone gets likely, so 3 suits long runs."""
     time_limit_min: float = 0.0
     """Wall-clock budget of a run in minutes, its first and final evaluations included: the current iteration is

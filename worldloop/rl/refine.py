@@ -1,9 +1,9 @@
 """Refining the world model on the evolving policy's real rollouts, within one RL run (PACE inside `rl`).
 
 RL in imagination moves the policy towards actions the world model has not seen, and where the world
-model renders those wrongly, RL exploits it: in the thirteenth H200 session the world model replaying
+model renders those wrongly, RL exploits it: in the 2026-12-02 replay-calibrated-judge run the world model replaying
 the policy's real door-open actions agreed with the simulator at kappa 0.50 before RL and -0.20 after 44
-iterations, while real success fell 0.46 -> 0.13 (docs/results.md). WoVR's answer is PACE: let the world
+iterations, while real success fell 0.46 -> 0.13 (docs/experiments/). WoVR's answer is PACE: let the world
 model see what the evolved policy really does. `worldloop loop` does it between whole RL stages; this
 does it every ``rl.refine_every`` iterations of one run:
 
@@ -19,7 +19,7 @@ does it every ``rl.refine_every`` iterations of one run:
 
 With ``rl.judge_threshold=replay``, the judge's threshold is then chosen again on the calibration's real
 episodes replayed in the refined world model (``judge_check``): calibrated on the unrefined model, it no
-longer fits what the refined one renders (the fifteenth H200 session: 0.995, and the refined model's
+longer fits what the refined one renders (the 2026-12-02 refinement-ab run: 0.995, and the refined model's
 replays of drawer-open judged 0.00 where reality said 0.44).
 
 Each round reports the real success of the rollouts (the training policy, in reality) and the loss of the

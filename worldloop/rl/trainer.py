@@ -190,7 +190,7 @@ def train(
             line += "\n  " + since
         eval_seconds = result["seconds"] = time.perf_counter() - began
         writer.add_scalar("time/eval", eval_seconds, iteration)
-        # every check so far, kept as soon as it is made: a run cut short (a lease's end) keeps them, per-episode verdicts included
+        # every check so far, kept as soon as it is made: a run cut short (its machine taken away) keeps them, per-episode verdicts included
         atomic_write_json(out / "evaluations.json", {"evaluations": evaluations, "warnings": warnings})
         if console:
             tqdm.write(line)
@@ -462,7 +462,7 @@ def update_diagnosis(metrics: dict[str, float], iteration: int) -> str:
         return ""
     return (f"{LARGE_UPDATE}: in iteration {iteration}, approx_kl {kl:.2f} and clip fraction {metrics.get('actor/clip_fraction', 0.0):.2f} "
             "(healthy updates stay below ~0.05). A confident policy under a fresh optimizer does this in the first iterations "
-            "(docs/results.md, eighth H200 session): raise rl.lr_warmup_steps, lower rl.lr or stop the update early with "
+            "(docs/experiments/2026-12-01-first-rl-update-too-large.md): raise rl.lr_warmup_steps, lower rl.lr or stop the update early with "
             "rl.target_kl")  # fmt: skip
 
 
@@ -561,7 +561,7 @@ def world_model_exploited_diagnosis(first: dict[str, Any], result: dict[str, Any
     """A warning when, on some task, the world model replaying the policy's real actions agreed with the
     simulator per episode at the ``first`` evaluation (kappa >= ``slight``) and no longer does (down by more
     than 2 standard errors) while saying more than the simulator: RL has moved the policy to actions the world
-    model renders as successes and reality does not (the thirteenth H200 session, door-open: kappa 0.50 -> -0.20,
+    model renders as successes and reality does not (the 2026-12-02 replay-calibrated-judge run, door-open: kappa 0.50 -> -0.20,
     replay 0.59 against real 0.13)."""
     before = (first.get("gap_sources") or {}).get("replayed", {}).get("per_task_kappa") or {}
     now = (result.get("gap_sources") or {}).get("replayed", {})
@@ -604,7 +604,7 @@ def imagined_only_gain_diagnosis(first: dict[str, Any], result: dict[str, Any], 
     """A warning when, on some task, the closed-loop imagined success has risen by more than ``z`` paired standard
     errors since the ``first`` evaluation while the real one has not risen by even one (:func:`imagined_only_tasks`):
     RL found a way of acting that the world model and the judge call success and the simulator does not
-    (drawer-open in the seventeenth, twentieth, twenty-second and twenty-third H200 sessions: +6.5, +8.9, +26.7 and
+    (drawer-open in four H200 runs of 2026-12-02 and 2026-12-03: +6.5, +8.9, +26.7 and
     +4.1 paired SE in imagination, real flat). The replay's kappa (:func:`world_model_exploited_diagnosis`) need not fall for this."""
     found = imagined_only_tasks(first, result, z)
     if not found:
@@ -620,12 +620,12 @@ def imagined_only_gain_diagnosis(first: dict[str, Any], result: dict[str, Any], 
 def imagination_tracking_diagnosis(result: dict[str, Any], slight: float = 0.2, min_episodes: int = 20) -> str:
     """A warning when, per episode, the imagined verdicts agree with the real ones little beyond chance
     (Cohen's kappa below ``slight``): the rates may match, but RL's reward then barely says which of
-    the policy's own actions really succeed (the sixth H200 session: rates 0.325 vs 0.370, kappa -0.02); or,
+    the policy's own actions really succeed (the 2026-12-01 rates-match-verdicts-do-not run: rates 0.325 vs 0.370, kappa -0.02); or,
     where it tracks overall, when one task with ``min_episodes`` or more does not."""
     kappa = result.get("kappa")
     if kappa is None or result["real"]["episodes"] < min_episodes:
         return ""
-    if kappa >= slight:  # faithful overall, but a task may still be blind (the thirteenth H200 session: 0.50 and 0.05)
+    if kappa >= slight:  # faithful overall, but a task may still be blind (the 2026-12-02 replay-calibrated-judge run: 0.50 and 0.05)
         per_task = {task: k for task, k in (result.get("per_task_kappa") or {}).items() if result["real"]["per_task"][task]["episodes"] >= min_episodes}
         blind = [task for task, k in per_task.items() if k["kappa"] is not None and k["kappa"] < slight]
         if not blind:

@@ -27,6 +27,7 @@ from worldloop.sims.experts import ExpertPlan
 from worldloop.sims.tasks import check_task, instruction, resolve_tasks
 from worldloop.sims.configuration import METAWORLD_CAMERAS
 from worldloop.sims.worker import ACTION_DIM, STATE_DIM, SimWorker, worker_main
+from worldloop.utils.gl import RenderingUnavailable
 
 
 class MetaWorldVecEnv:
@@ -197,6 +198,9 @@ class MetaWorldVecEnv:
             self.close()
             raise
         if errors:
+            prefix = f"{RenderingUnavailable.__name__}: "
+            if errors[0].startswith(prefix):  # the same clear error as with one in-process worker
+                raise RenderingUnavailable(errors[0][len(prefix) :].split("\n", 1)[0])
             raise RuntimeError("simulator worker failed:\n" + errors[0])
         return {key: np.concatenate([r[key] for r in results]) for key in results[0]}
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from worldloop.sims.experts import ExpertPlan, ScriptedExpert
+from worldloop.utils.gl import RenderingUnavailable
 
 STATE_DIM = 39
 """Meta-World's observation vector: hand, gripper, two objects (pos + quat), previous frame, goal."""
@@ -58,7 +59,10 @@ class MetaWorldTask:
         # buffer is ~3x slower with software OpenGL.
         model.vis.global_.offwidth = image_size
         model.vis.global_.offheight = image_size
-        self.renderer = mujoco.Renderer(model, image_size, image_size)
+        try:
+            self.renderer = mujoco.Renderer(model, image_size, image_size)
+        except Exception as error:  # mujoco.FatalError, or PyOpenGL failing to load the backend's library
+            raise RenderingUnavailable.from_error(error) from error
         self.renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = int(shadows)
         self.upside_down = False
 

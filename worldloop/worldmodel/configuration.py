@@ -30,7 +30,7 @@ class VAEConfig:
     init: str | None = None
     """A local diffusers-format AutoencoderKLWan folder (an earlier train-vae's --out) whose weights training
     starts from, for `steps` more (its architecture replaces size and spatial_downsamples): a VAE grows over
-    several short GPU leases. Its latent statistics are measured again after training."""
+    several short GPU runs. Its latent statistics are measured again after training."""
     steps: int = 300
     """Optimizer steps of `worldloop train-vae`."""
     batch_size: int = 8
@@ -100,7 +100,7 @@ class WorldModelConfig:
     context_channels: bool = False
     """Also concatenate the reference and memory latents to every latent frame's input channels (Wan's
     image-to-video conditioning): each future patch sees those frames' same patch directly. Against objects
-    fading in long rollouts (docs/results.md, ninth H200 session). Saved with the model; False: the slot layout only."""
+    fading in long rollouts (docs/experiments/2026-12-01-fading-objects.md). Saved with the model; False: the slot layout only."""
     context_noise: float = 0.3
     """Largest noise level sigma (0-1) put on the non-reference context latents in training; 0 disables (ablation)."""
     self_forcing: float = 0.0
@@ -159,7 +159,7 @@ class WorldModelConfig:
     trained here learned) and keeps the new frames; 'cached' decodes only the new latents with the causal
     decoder cache kept from the previous chunk, half the decode, exactly one long decode of the whole
     rollout. A VAE trained on 13-frame clips drifts in such a long decode: objects fade within three
-    chunks (docs/results.md, tenth H200 session). 'cached' is for a VAE that learned long videos (Wan2.2's
+    chunks (docs/experiments/2026-12-01-context-channels.md). 'cached' is for a VAE that learned long videos (Wan2.2's
     pipelines decode whole videos this way)."""
     held_out_fraction: float = 0.1
     """Fraction of each task's episodes kept out of training (eval-wm measures on them)."""

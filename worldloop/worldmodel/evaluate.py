@@ -18,7 +18,7 @@ Does the model keep what does not move? ``psnr_still`` is the PSNR over the pixe
 still equals the first one (every channel within ``STILL_TOLERANCE``): the table, and the objects before
 the robot touches them. Copy-last-frame is exact there by construction, so it has no baseline; it is
 for comparing models. Small objects that fade cost the whole-frame PSNR little and this much more
-(the ninth H200 session's models lost the task objects within a few chunks).
+(the 2026-12-01 fading-objects run's models lost the task objects within a few chunks).
 
 Every metric is also reported per task (``per_task``, keyed by instruction): the pooled rows can hide
 the one scene a model renders badly.
@@ -135,7 +135,7 @@ def per_task_metrics(
 ) -> dict[str, dict[str, Any]]:
     """``horizon_metrics`` of each task's episodes (keyed by instruction; {} for a single task): a model can
     render one scene well and another badly (the window tasks' thin frames blur from the first chunk, CPU
-    follow-up of the eleventh H200 session), and RL in imagination is only as good as its tasks' scenes."""
+    follow-up of the 2026-12-02 chunk-by-chunk-decoding run), and RL in imagination is only as good as its tasks' scenes."""
     tasks = [getattr(e, "instruction", "") for e in episodes]
     if len(set(tasks)) < 2:
         return {}

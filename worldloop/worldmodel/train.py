@@ -346,7 +346,7 @@ def train_world_model(
     (config.json, model.safetensors, vae/) and returned. ``clips`` ({"latents" (M, C, 4, h, w),
     "actions" (M, 13, A) raw, optionally "previous" (M,) for self-forcing}) replaces the episodes with
     ready-made latent clips. ``init`` starts from a trained world model's weights and action
-    statistics (fine-tuning, e.g. PACE's WM Evo, or a DiT grown over several leases); ``steps_before``
+    statistics (fine-tuning, e.g. PACE's WM Evo, or a DiT grown over several runs); ``steps_before``
     (its :func:`steps_trained`, None: unknown) lets results.json's ``steps_total`` count its steps too."""
     from torch.utils.tensorboard import SummaryWriter
 

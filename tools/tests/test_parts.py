@@ -1,12 +1,15 @@
-"""A trained model folder through parts of limited size (pack on the GPU host, unpack in the next lease)."""
+"""A trained model folder through parts of limited size (pack on the GPU host, unpack on the next machine)."""
 
 import json
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from worldloop.utils.parts import main, pack, unpack
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from parts import main, pack, unpack  # noqa: E402
 from worldloop.worldmodel import vae as vae_lib
 from worldloop.worldmodel.configuration import VAEConfig
 

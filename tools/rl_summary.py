@@ -1,7 +1,8 @@
-"""The summary of one `scripts/gpu/rl.sh` run: rl's results.md, the judge's calibration lines, the first and the last
+"""The summary of one `worldloop rl` run: rl's results.md, the judge's calibration lines, the first and the last
 check side by side, the training rollouts' success and the warnings.
 
-    python scripts/gpu/rl_summary.py OUT      (OUT holds rl/results.json, rl/results.md and rl.log)
+    worldloop rl ... --out OUT/rl > OUT/rl.log 2>&1
+    python tools/rl_summary.py OUT      (OUT holds rl/results.json, rl/results.md and rl.log)
 """
 
 import json
@@ -42,7 +43,7 @@ def summary(out: Path) -> list[str]:
         first, last = evals[0], evals[-1]
         lines.append(f"real success_once: {change(first['real'], last['real'])}")
         lines += [f"  {task}: {change(first['real']['per_task'][task], last['real']['per_task'][task])}" for task in last["real"]["per_task"]]
-        if "imagined" in first and "imagined" in last:  # issue 6 asks for both to rise, on one task
+        if "imagined" in first and "imagined" in last:  # the criterion: both rise, on one task
             lines.append(f"imagined success_once, same initial states: {change(first['imagined'], last['imagined'])}")
             lines += [f"  {task}: {change(first['imagined']['per_task'][task], last['imagined']['per_task'][task])}"
                       for task in last["imagined"]["per_task"]]
@@ -59,5 +60,5 @@ def summary(out: Path) -> list[str]:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit(f"usage: {sys.argv[0]} OUT   (the folder of one scripts/gpu/rl.sh run)")
+        sys.exit(f"usage: {sys.argv[0]} OUT   (OUT/rl: a worldloop rl run, OUT/rl.log: its output)")
     print(*summary(Path(sys.argv[1])), sep="\n")

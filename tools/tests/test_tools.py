@@ -1,4 +1,4 @@
-"""The GPU session's shell helpers (scripts/gpu): what a device call runs to bring results back."""
+"""The remote-host helpers (tools/): what a time-limited call runs to bring results back, and rl's summary."""
 
 import json
 import subprocess
@@ -6,7 +6,8 @@ import sys
 import tarfile
 from pathlib import Path
 
-POLL = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "poll.sh"
+TOOLS = Path(__file__).resolve().parents[1]
+POLL = TOOLS / "poll.sh"
 
 
 def poll(results: Path, dest: Path, wait_s: int = 60) -> subprocess.CompletedProcess:
@@ -14,30 +15,31 @@ def poll(results: Path, dest: Path, wait_s: int = 60) -> subprocess.CompletedPro
     return subprocess.run(["bash", str(POLL), str(results), str(dest), str(wait_s), "r1"], capture_output=True, text=True, timeout=30)
 
 
-def test_poll_on_a_machine_without_the_session_says_so_at_once(tmp_path):
+def test_poll_on_a_machine_without_the_run_says_so_at_once(tmp_path):
     done = poll(tmp_path / "wl", tmp_path / "out")
     assert done.returncode == 3
     assert "does not exist" in done.stderr and "went back" in done.stderr
     assert not (tmp_path / "out" / "r1.tgz").exists()
 
 
-def test_poll_packs_a_finished_session_without_waiting(tmp_path):
+def test_poll_packs_a_finished_run_without_waiting(tmp_path):
     results = tmp_path / "wl"
     (results / "rl").mkdir(parents=True)
-    (results / "progress.txt").write_text("[00:00:01 +0m1s] session start\n[00:20:00 +20m0s] session done\n")
+    (results / "run.log").write_text("stage 1 of 15\nreport: /root/mw/report.md\n")
+    (results / "done").write_text("exit 0\n")
     (results / "rl" / "results.json").write_text("{}")
     (results / "rl" / "model.safetensors").write_bytes(b"weights stay on the device")
     done = poll(results, tmp_path / "out")
     assert done.returncode == 0, done.stderr
-    assert "session done" in done.stdout
+    assert "report: /root/mw/report.md" in done.stdout and "exit 0" in done.stdout
     with tarfile.open(tmp_path / "out" / "r1.tgz") as archive:
         names = {Path(name).as_posix().lstrip("./") for name in archive.getnames()}
-    assert "rl/results.json" in names and "progress.txt" in names
+    assert "rl/results.json" in names and "run.log" in names
     assert "rl/model.safetensors" not in names
 
 
 def rl_summary(out: Path) -> subprocess.CompletedProcess:
-    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "rl_summary.py"
+    script = TOOLS / "rl_summary.py"
     return subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=60)
 
 
@@ -80,6 +82,6 @@ def test_rl_summary_names_a_damaged_results_file_and_its_own_usage(tmp_path):
     (tmp_path / "rl" / "results.json").write_text('{"evaluations": [')
     done = rl_summary(tmp_path)
     assert done.returncode == 0 and "results.json is not valid JSON" in done.stdout
-    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "rl_summary.py"
+    script = TOOLS / "rl_summary.py"
     usage = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert usage.returncode == 1 and "usage:" in usage.stderr

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Pack what a GPU session produced so far into one small archive that the device tool can bring back
-# (it returns at most 8 files): logs, tables, metrics, configs, plots, TensorBoard events and a few
+# Pack what a GPU run produced so far into one small archive, for hosts that return only a few small files
+# (e.g. at most 8): logs, tables, metrics, configs, plots, TensorBoard events and a few
 # videos; no model weights, datasets (LeRobot videos/observation.* of any collected folder) or caches.
-#   bash scripts/gpu/pack.sh RESULTS_DIR ARCHIVE.tgz [MAX_VIDEOS]
+#   bash tools/pack.sh RESULTS_DIR ARCHIVE.tgz [MAX_VIDEOS]
 set -uo pipefail
 root=${1:?usage: pack.sh RESULTS_DIR ARCHIVE.tgz [MAX_VIDEOS]}
 archive=${2:?usage: pack.sh RESULTS_DIR ARCHIVE.tgz [MAX_VIDEOS]}

@@ -1,10 +1,10 @@
 """Move a trained model folder through a channel that only takes files of limited size.
 
-The GPU host returns at most 8 files of 16 MB per call, and a call carries 64 MiB. So a VAE or world
-model trained in one lease reaches the next one in parts:
+Some remote GPU hosts return at most 8 files of 16 MB per call, and a call carries 64 MiB. So a VAE or
+world model trained on one such machine reaches the next one in parts:
 
-    python -m worldloop.utils.parts pack /root/wl/wm/vae "$OUT" vae            # on the GPU host
-    python -m worldloop.utils.parts unpack .carry/vae.parts.json runs/vae      # here, or on the next host
+    python tools/parts.py pack /root/mw/wm/vae "$OUT" vae            # on the GPU host
+    python tools/parts.py unpack .carry/vae.parts.json runs/vae      # here, or on the next host
 
 A world model's folder written by ``train-wm`` also holds its VAE (vae/) and its encoded clips
 (latents.safetensors, a cache of gigabytes). ``--skip vae latents.safetensors latents.json`` leaves
@@ -109,7 +109,7 @@ def _half(path: Path) -> bytes:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m worldloop.utils.parts", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python tools/parts.py", description=__doc__.split("\n\n")[0])
     verbs = parser.add_subparsers(dest="verb", required=True)
     p = verbs.add_parser("pack", help="a model folder -> NAME.partNN files and NAME.parts.json")
     p.add_argument("folder")

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Source this on the H200 host (the device tool's machine) from the repository root:
-#   source scripts/gpu/setup.sh [WHEEL_DIR ...]
-# It unpacks the GL loaders carried in .gl (EGL for MuJoCo), installs the wheels carried in the
-# given folders (default .whl: diffusers, metaworld, mujoco 3.3.0 and small deps, made by
-# ../shared/gpu-wheelhouse.sh) into /tmp/site, and exports what rendering and imports need.
+# For a GPU host without a package index: source this from the repository root,
+#   source tools/setup.sh [WHEEL_DIR ...]
+# It unpacks GL loader .deb files brought along in .gl (EGL for MuJoCo), installs the wheels brought along
+# in the given folders (default .whl: diffusers, metaworld, mujoco 3.3.0 and small deps) into /tmp/site,
+# and exports what rendering and imports need. A host with pip access needs none of it: `pip install -e .`.
 if [ -d .gl ]; then
   for f in .gl/*.deb; do dpkg -x "$f" /; done
   ldconfig
