@@ -100,5 +100,11 @@ def test_rl_gets_what_the_time_budget_left_and_until_stops_with_a_report(tmp_pat
 
     report = run_loop(config, tmp_path, Inputs(), "micro", [], verb=verb, stop_after="rl1")
     assert argvs[-1][0] == "rl" and any(a.startswith("rl.time_limit_min=") for a in argvs[-1]) and report.is_file()
+    # an enforced gate names the RL stages' tasks, and only theirs: the evaluation after RL covers every task
+    (tmp_path / STAGES_DIR / "rl1.json").unlink()
+    argvs.clear()
+    run_loop(load_config("micro", ["loop.gate_min_kappa=0.6"]), tmp_path, Inputs(), "micro", [], verb=verb, stop_after="eval_rl1")
+    assert [a[0] for a in argvs] == ["rl", "eval"]
+    assert argvs[0][argvs[0].index("--tasks") + 1] == "reach-v3" and "--tasks" not in argvs[1]
     with pytest.raises(ValueError, match="--until nope: not a stage"):
         run_loop(config, tmp_path, Inputs(), "micro", [], verb=verb, stop_after="nope")

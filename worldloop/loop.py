@@ -150,14 +150,15 @@ def run_loop(
         if marker.is_file():
             print(f"loop: {stage.name} already complete, skipped")
         else:
-            extra = gate_arguments(config, Path(paths["gate"])) if stage.gated else ([], [])
-            if extra is None:
+            said = gate_arguments(config, Path(paths["gate"])) if stage.gated else ([], [])
+            if said is None:
                 print(f"loop: {stage.name} skipped: no task passed the fidelity gate ({paths['gate']}/gate.md)")
                 atomic_write_json(marker, {"stage": stage.name, "skipped": "no task passed the fidelity gate", "seconds": 0.0})
                 continue
+            tasks, settings = said if stage.argv[0] == "rl" else ([], [])  # the gate speaks to the RL stages
             if stage.argv[0] == "rl" and config.loop.time_budget_min:
-                extra[1].append(f"rl.time_limit_min={rl_minutes(config, stages[index:], stage_seconds(run)):.2f}")
-            argv = [*stage.argv, *extra[0], "--preset", preset, *overrides, *stage.overrides, *extra[1]]
+                settings = [*settings, f"rl.time_limit_min={rl_minutes(config, stages[index:], stage_seconds(run)):.2f}"]
+            argv = [*stage.argv, *tasks, "--preset", preset, *overrides, *stage.overrides, *settings]
             print(f"loop: stage {stage.name}: worldloop {' '.join(argv)}", flush=True)
             began = time.time()
             code = verb(argv)
