@@ -264,7 +264,7 @@ def train(
 
         # 3. Advantages: group-relative (GRPO) or GAE (PPO); groups that all fail or all succeed carry no signal.
         if ppo:
-            advantages, returns = gae(rollout.rewards, rollout.values, rollout.terminated, rollout.last_values, rl.gamma, rl.gae_lambda)
+            advantages, returns = gae(rollout.rewards, rollout.values, rollout.done, rollout.terminated, rollout.last_values, rl.gamma, rl.gae_lambda)
             keep = torch.ones(num_envs, dtype=torch.bool, device=device)
         else:
             advantages = grpo_advantages(scores, group_size)[:, None].expand(-1, num_chunks)  # (N, T)

@@ -37,7 +37,7 @@ class SimConfig:
     num_workers: int = 2
     """Simulator worker processes; environments are spread over them (1: step everything in this process)."""
     reward_scale: float = 5.0
-    """c in the chunk reward c * (R_after - R_before), R the 0/1 success signal (WoVR uses c = 5)."""
+    """c in the chunk reward c * (R_after - R_before), R = 1 once the episode has succeeded at any step (WoVR uses c = 5)."""
 
     def validate(self) -> None:
         if self.image_size not in (64, 128, 256):
