@@ -12,7 +12,8 @@ from worldloop.rewards.classifier import SuccessClassifier
 from worldloop.rewards.configuration import CalibrateConfig, ClassifierConfig
 from worldloop.rewards.labels import LabelledFrames, frame_labels, labelled_frames
 from worldloop.rewards.metrics import auroc, suggest_thresholds, value_order_correlation
-from worldloop.rewards.protocol import Judge, load_judge
+from worldloop.rewards import load_judge
+from worldloop.rewards.protocol import Judge
 
 STEPS = 150
 

@@ -53,7 +53,7 @@ def test_rollout_episodes_pair_each_frame_with_the_action_taken_from_it():
 
 
 def test_refinement_seeds_stay_apart_from_evaluation_and_collection_seeds():
-    from worldloop.policies.evaluate import eval_seed
+    from worldloop.rl.evaluate import eval_seed
     from worldloop.sims.tasks import ALL_TASKS
 
     offset = 2**31

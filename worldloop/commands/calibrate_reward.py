@@ -35,7 +35,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from worldloop.config import save_config
     from worldloop.data.dataset import TrajectoryDataset, split_episodes
     from worldloop.rewards.calibrate import calibrate
-    from worldloop.rewards.protocol import load_judge
+    from worldloop.rewards import load_judge
     from worldloop.utils.device import resolve_device
 
     dataset = TrajectoryDataset(args.dataset)

@@ -158,7 +158,7 @@ def reality_check(config: Config, tasks: list[str], world_model, judge, dataset,
     initial states (episode numbers from ``first_episode`` on) and, with a world model and judge, the same in
     imagination, and with ``keyframes`` (a KIR folder) in imagination from those keyframes too. Its environments
     are ``shared``'s (a check on the same tasks) or new ones, added to ``closers``."""
-    from worldloop.policies.evaluate import eval_seed
+    from worldloop.rl.evaluate import eval_seed
     from worldloop.rl.rollout import RealityCheck
     from worldloop.sims import make_env
 
@@ -197,7 +197,7 @@ def through_codec(env, world_model, config: Config):
 
 def load_rl_judge(spec: str, device, config: Config):
     """The judge of ``spec``, deciding success at rl.judge_threshold when that is set."""
-    from worldloop.rewards.protocol import load_judge
+    from worldloop.rewards import load_judge
 
     judge = load_judge(spec, device, config.reward)
     if isinstance(config.rl.judge_threshold, float):

@@ -135,8 +135,9 @@ class SuccessClassifier(nn.Module):
         return save_model_folder(folder, self.config_dict(), self)
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path, device: torch.device | str = "cpu") -> "SuccessClassifier":
-        """Load a model folder, or a ``train-reward`` run folder holding one in ``model/``."""
+    def from_pretrained(cls, folder: str | Path, device: torch.device | str = "cpu", config: object = None) -> "SuccessClassifier":
+        """Load a model folder, or a ``train-reward`` run folder holding one in ``model/``; the classifier keeps the
+        threshold and input size it was saved with (``config``, a RewardConfig, is not read)."""
         folder = Path(folder)
         if not (folder / "config.json").is_file() and (folder / MODEL_SUBFOLDER / "config.json").is_file():
             folder = folder / MODEL_SUBFOLDER

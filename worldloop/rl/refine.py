@@ -69,7 +69,7 @@ def rollout_episodes(first: EnvReset, rollout: Rollout) -> list[RealEpisode]:
 def refine_seed(task_position: int, episode: int, seed_offset: int) -> int:
     """Simulator seed of refinement episode ``episode`` of the refiner's task at ``task_position``: above the
     evaluation seeds (``seed_offset + 1000 * (task's Meta-World index) + e``, see
-    :func:`worldloop.policies.evaluate.eval_seed`) and the collection seeds (below ``seed_offset``)."""
+    :func:`worldloop.rl.evaluate.eval_seed`) and the collection seeds (below ``seed_offset``)."""
     if not 0 <= episode < 100_000:
         raise ValueError(f"refinement episode {episode}: at most 100000 per task")
     return seed_offset + 1_000_000 + 100_000 * task_position + episode

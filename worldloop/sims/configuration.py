@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 
 METAWORLD_CAMERAS = ("corner", "corner2", "corner3", "corner4", "topview", "behindGripper", "gripperPOV")
@@ -16,8 +15,8 @@ SUITES = ("mt10", "mt50")
 class SimConfig:
     """A vectorised real simulator."""
 
-    backend: Literal["metaworld"] = "metaworld"
-    """Which simulator runs the tasks."""
+    backend: str = "metaworld"
+    """Which simulator runs the tasks: a name in worldloop.utils.registry.SIMULATORS ('metaworld') or a 'package.module:Class'."""
     suite: str = "mt10"
     """Named task suite ('mt10', 'mt50'); ignored when `tasks` is set."""
     tasks: list[str] = field(default_factory=list)
@@ -42,7 +41,7 @@ class SimConfig:
     def validate(self) -> None:
         if self.image_size not in (64, 128, 256):
             raise ValueError(f"image_size={self.image_size} is not supported; allowed: 64, 128, 256")
-        if self.camera not in METAWORLD_CAMERAS:
+        if self.backend == "metaworld" and self.camera not in METAWORLD_CAMERAS:
             raise ValueError(f"camera='{self.camera}' is not a Meta-World camera; allowed: {', '.join(METAWORLD_CAMERAS)}")
         if self.suite.lower() not in SUITES:
             raise ValueError(f"suite='{self.suite}' is unknown; allowed: {', '.join(SUITES)}")
