@@ -15,7 +15,8 @@ from worldloop.envs.toy import ToyEnv, ToyJudge, ToyWorldModel
 from worldloop.rl.configuration import RLConfig
 from worldloop.rl.refine import WorldModelRefiner, refine_seed, rollout_episodes
 from worldloop.rl.rollout import RealityCheck, collect
-from worldloop.rl.trainer import results_table, train
+from worldloop.diagnostics.monitor import train_watched
+from worldloop.rl.summary import results_table
 from worldloop.worldmodel.configuration import WorldModelConfig
 from worldloop.worldmodel.rollout import WorldModel
 
@@ -157,7 +158,7 @@ def test_refining_rl_resumes_exactly(vae, tmp_path):
         rl = RLConfig(iterations=iterations, group_size=4, num_groups=2, max_steps=16, lr=3e-3, train_temperature=1.0, checkpoint_every=1,
                       refine_every=refine_every, refine_episodes_per_task=4, refine_steps=3, refine_lr=1e-3)  # fmt: skip
         env = ImaginedEnv(ToyWorldModel(), ToyJudge(), make_pool(32, 3), 8, 4, max_steps=16, kir_ratio=0.3)
-        return train(policy, env, rl, folder, seed=3, refiner=refiner, console=False), refiner
+        return train_watched(policy, env, rl, folder, seed=3, refiner=refiner, console=False), refiner
 
     straight, straight_refiner = run(tmp_path / "a", 2)
     run(tmp_path / "b", 1)

@@ -350,3 +350,15 @@ def missing_docs(cls: type = Config, prefix: str = "") -> list[str]:
         if dataclasses.is_dataclass(hints[f.name]):
             missing.extend(missing_docs(hints[f.name], f"{prefix}{f.name}."))
     return missing
+
+
+def leaf_fields(cls: type = Config, prefix: str = "") -> list[str]:
+    """Dotted names of every leaf field (a knob a preset or override can set): ``rl.lr``, ``sim.image_size``, ..."""
+    hints = typing.get_type_hints(cls)
+    leaves = []
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            leaves.extend(leaf_fields(hints[f.name], f"{prefix}{f.name}."))
+        else:
+            leaves.append(prefix + f.name)
+    return leaves

@@ -19,7 +19,7 @@
 # CODEC_EVAL=1: afterwards, the base and the final policy in the real simulator observing its frames through the world
 # model's VAE (`eval --world-model`), CODEC_EVAL_EPISODES (32) per task, the same initial states, paired (`--against`):
 # $OUT/eval-codec-base, $OUT/eval-codec-final, the change at the end of $OUT/summary.md (two real evaluations, the VAE on every frame).
-# RAW_EVAL=1: the same observing the simulator's own frames ($OUT/eval-raw-*): with rl.reality_through_codec=true in
+# RAW_EVAL=1: the same observing the simulator's own frames ($OUT/eval-raw-*): with rl.diagnostics.reality_through_codec=true in
 # RL_OVERRIDES the reality checks saw the simulator through the VAE, and CODEC_EVAL repeats them (greedy, the same states).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -57,7 +57,7 @@ status=${PIPESTATUS[0]}
 # 4. CODEC_EVAL=1 / RAW_EVAL=1: the base and the final policy in the real simulator again, greedy, the same initial states,
 #    paired: observing through the world model's VAE (does what RL gained in imagination carry over to a policy that
 #    sees reality through the same VAE?) / observing the simulator's own frames (the view the reality checks did not
-#    use when rl.reality_through_codec=true).
+#    use when rl.diagnostics.reality_through_codec=true).
 paired_eval() {  # NAME TITLE [eval args]: $OUT/eval-NAME-base, $OUT/eval-NAME-final, the change appended to summary.md
   local name=$1 title=$2; shift 2
   local args=(--tasks "$TASKS" --episodes-per-task "${CODEC_EVAL_EPISODES:-32}" --greedy "$@")
@@ -66,7 +66,7 @@ paired_eval() {  # NAME TITLE [eval args]: $OUT/eval-NAME-base, $OUT/eval-NAME-f
     --against "$OUT/eval-$name-base/results.json" "${EXTRA[@]}" >>"$OUT/eval-$name.log" 2>&1
   { echo; echo "$title (base -> final policy):"; sed -n '/^against /,$p' "$OUT/eval-$name.log"; } | tee -a "$OUT/summary.md"
 }
-# A run stopped by rl.stop_when_real_falls_se at its second check keeps iteration 0's weights: nothing to compare.
+# A run stopped by rl.diagnostics.stop_when_real_falls_se at its second check keeps iteration 0's weights: nothing to compare.
 KEPT_BASE=$("$PY" -c "import json, sys; s = json.load(open(sys.argv[1])).get('stopped') or {}; print(int(s.get('policy_from', -1) == 0))" \
   "$OUT/rl/results.json" 2>/dev/null || echo 0)
 if [ "$KEPT_BASE" = 1 ] && [ "${CODEC_EVAL:-0}${RAW_EVAL:-0}" != 00 ]; then

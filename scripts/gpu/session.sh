@@ -52,11 +52,11 @@
 # renders badly: see the per-task rows of wm/summary.txt), RL_ALSO (more rl.* overrides of a second RL run beside
 # the first, on the same GPU, tasks and keyframes, into $OUT/rl-also, for an A/B; e.g. "rl.kir_ratio=1.0 rl.max_steps=96":
 # short rollouts from keyframes only; both runs' evaluations start from first frames and run sim.max_steps; or
-# "rl.reward_control=shuffled": the control arm, whose rollouts are credited with another group member's score); or, with
+# "rl.diagnostics.shuffled_scores=true": the control arm, whose rollouts are credited with another group member's score); or, with
 # RL_EXTRA="... rl.refine_every=10 rl.refine_episodes_per_task=16", RL_ALSO="rl.refine_every=0": RL with and without the world model
 # learning from the policy's real rollouts, the fourteenth session's planned A/B; a round costs ~25 s),
 # CODEC_EVAL=1 (after RL, the base and final policies in reality observing through the world model's VAE, RL_EPISODES
-# per task, paired; see rl.sh), RAW_EVAL=1 (the same on the simulator's own frames: with rl.reality_through_codec=true
+# per task, paired; see rl.sh), RAW_EVAL=1 (the same on the simulator's own frames: with rl.diagnostics.reality_through_codec=true
 # in RL_EXTRA), SIM_WORKERS (14), BENCH=0 (skip `bench sim` and the GPU benchmarks), EXPERT=0 (skip the expert's
 # evaluation), DEMOS ("1 5 20": the SFT runs of the policy chain; BASE_ROLLOUTS needs 1 among them),
 # BASE_ROLLOUTS (0: none; rollouts per task of SFT-1 for the world model and the judge), BASE_TASKS ("": every task of

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     )
     threshold_on = "held_out_imagined" if "held_out_imagined" in also_evaluate else "held_out"
     metrics = train_classifier(train, held_out, settings, args.out, device, seed=config.seed, also_evaluate=also_evaluate,
-                               threshold_on=threshold_on, verdict_every=config.sim.chunk_size)  # fmt: skip
+                               threshold_on=threshold_on, verdict_every=config.sim.chunk_size, calibrate=config.reward.calibrate)  # fmt: skip
     report = metrics["held_out"] or metrics["train"]
     which = "held-out" if metrics["held_out"] else "train (no held-out episodes)"
     at = report["at_threshold"]

@@ -27,17 +27,6 @@ class ClassifierConfig:
     one verdict per sim.chunk_size frames); the threshold whose verdicts agree best with the simulator's
     beyond chance (Cohen's kappa within tasks). A frame-level threshold ignores that a false positive in any
     of an episode's ~20 verdicts makes it a success."""
-    threshold_tolerance_se: float = 1.0
-    """'episode_kappa': of the thresholds whose kappa lies within this many standard errors of the best, the
-    highest; 0: the best itself. On ~80 held-out episodes kappa's standard error is ~0.15, so its argmax is
-    noise: the twelfth H200 session's landed on 0.125 (kappa 0.22 +- 0.17), whose judge then passed 11 of the
-    base policy's 12 failed rollouts' replays and 0.90 of its real episodes (real 0.45), and RL learned to
-    fail in ways it passed. RL is paid for a false success and only loses signal on a missed one."""
-    threshold_significance_se: float = 1.0
-    """'episode_kappa': only thresholds whose kappa is above 0 by more than this many standard errors are
-    chosen; where none is, `threshold` stays (where no threshold agrees beyond chance, the highest one, which
-    passes a single episode at kappa ~0, would win). Lower than rl.judge_threshold_significance_se (2) because
-    ~80 held-out episodes give kappa a standard error of ~0.15, and rl's replay calibration comes after."""
     steps: int = 300
     """Optimizer steps of training."""
     batch_size: int = 64
@@ -68,10 +57,6 @@ class ClassifierConfig:
             raise ValueError(f"classifier: threshold_from must be 'fixed', 'max_f1', 'youden' or 'episode_kappa', got {self.threshold_from!r}")
         if not 0 < self.threshold < 1 or not 0 <= self.held_out_fraction < 1 or not 0 <= self.blur_prob <= 1:
             raise ValueError("classifier: 0 < threshold < 1, 0 <= held_out_fraction < 1 and 0 <= blur_prob <= 1 are required")
-        if self.threshold_tolerance_se < 0:
-            raise ValueError(f"classifier: threshold_tolerance_se must be >= 0, got {self.threshold_tolerance_se}")
-        if self.threshold_significance_se < 0:
-            raise ValueError(f"classifier: threshold_significance_se must be >= 0, got {self.threshold_significance_se}")
         if self.lr <= 0 or self.weight_decay < 0 or self.jitter < 0 or self.noise_std < 0:
             raise ValueError("classifier: lr > 0 and weight_decay, jitter, noise_std >= 0 are required")
 
@@ -106,10 +91,24 @@ class CalibrateConfig:
     """Episodes read from the dataset (spread evenly over it)."""
     batch_size: int = 32
     """Windows scored per judge call."""
+    threshold_tolerance_se: float = 1.0
+    """Wherever a threshold is chosen by the kappa of per-episode verdicts against the simulator's (train-reward's
+    reward.classifier.threshold_from 'episode_kappa', rl.judge_threshold 'replay'): of the thresholds whose kappa lies
+    within this many standard errors of the best, the highest; 0: the best itself. Kappa's standard error on ~80
+    episodes is ~0.15, so its argmax is noise: the twelfth H200 session's landed on 0.125 (kappa 0.22 +- 0.17), whose
+    judge then passed 0.90 of the base policy's real episodes (real 0.45), and RL learned to fail in ways it passed.
+    RL is paid for a false success and only loses signal on a missed one."""
+    threshold_significance_se: float = 2.0
+    """Where a threshold is chosen as above: only thresholds whose kappa is above 0 by more than this many standard
+    errors are chosen; where none is, the judge keeps its threshold (and rl warns that its reward is noise). Without
+    it the sixteenth H200 session's calibration (kappa <= 0 at every threshold) chose 0.999, where the judge passed
+    nothing, not even real successes. rl.train_tasks 'tracked' keeps the tasks whose kappa clears it too."""
 
     def validate(self) -> None:
         if self.stride < 1 or self.max_episodes < 1 or self.batch_size < 1:
             raise ValueError("calibrate: stride, max_episodes and batch_size must be >= 1")
+        if self.threshold_tolerance_se < 0 or self.threshold_significance_se < 0:
+            raise ValueError("calibrate: threshold_tolerance_se and threshold_significance_se must be >= 0")
 
 
 @dataclass

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from worldloop.rewards.augment import world_model_artefacts
 from worldloop.rewards.classifier import MODEL_SUBFOLDER, SuccessClassifier
-from worldloop.rewards.configuration import ClassifierConfig
+from worldloop.rewards.configuration import CalibrateConfig, ClassifierConfig
 from worldloop.rewards.labels import NO_POSITIVE_HINT, LabelledFrames
 from worldloop.rewards.metrics import at_threshold, auroc, episode_verdict_metrics, max_kappa_threshold, per_episode, suggest_thresholds
 from worldloop.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -87,13 +87,14 @@ def train_classifier(
     also_evaluate: dict[str, LabelledFrames] | None = None,
     threshold_on: str = "held_out",
     verdict_every: int = 8,
+    calibrate: CalibrateConfig | None = None,
 ) -> dict:
     """Train, checkpoint, evaluate and save; returns the metrics written to ``out/metrics.json``
     (with one entry per ``also_evaluate`` set, e.g. held-out frames replayed in a world model).
     With ``config.threshold_from`` other than 'fixed', the saved threshold is chosen on the frames
     named ``threshold_on`` ('held_out' or a key of ``also_evaluate``). ``verdict_every``: the chunk
     size of the environments the judge will end episodes in (one verdict per chunk), for the
-    episode-level metrics and 'episode_kappa'."""
+    episode-level metrics and 'episode_kappa', whose standard-error rules ``calibrate`` (reward.calibrate) sets."""
     from torch.utils.tensorboard import SummaryWriter
     from tqdm import tqdm
 
@@ -147,7 +148,7 @@ def train_classifier(
 
     model.eval()
     chosen_on = choose_threshold(model, config.threshold_from, (also_evaluate or {}).get(threshold_on, held_out), threshold_on, verdict_every,
-                                 config.threshold_tolerance_se, config.threshold_significance_se)  # fmt: skip
+                                 (calibrate or CalibrateConfig()).threshold_tolerance_se, (calibrate or CalibrateConfig()).threshold_significance_se)  # fmt: skip
     model.save_pretrained(out / MODEL_SUBFOLDER)
     metrics = {
         "steps": step,

@@ -47,7 +47,7 @@ def grpo_advantages(scores: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 def shuffled_within_groups(scores: torch.Tensor, group_size: int, generator: torch.Generator) -> torch.Tensor:
-    """rl.reward_control 'shuffled': each group's scores in a random order of its own (a uniform permutation per
+    """rl.diagnostics.shuffled_scores: each group's scores in a random order of its own (a uniform permutation per
     group, drawn from ``generator`` on the CPU). Every group keeps its scores, so its mean, spread and whether it
     is informative; each trajectory gets a score another member earned. (N,) -> (N,)."""
     groups = _grouped(scores, group_size)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from worldloop.utils.registry import SIMULATORS
+
 
 METAWORLD_CAMERAS = ("corner", "corner2", "corner3", "corner4", "topview", "behindGripper", "gripperPOV")
 """Cameras of Meta-World's Sawyer scene."""
@@ -41,6 +43,8 @@ class SimConfig:
     def validate(self) -> None:
         if self.image_size not in (64, 128, 256):
             raise ValueError(f"image_size={self.image_size} is not supported; allowed: 64, 128, 256")
+        if ":" not in self.backend and self.backend not in SIMULATORS:
+            raise ValueError(f"sim.backend '{self.backend}' is unknown; registered: {', '.join(SIMULATORS.names())}; or give 'package.module:Class'")
         if self.backend == "metaworld" and self.camera not in METAWORLD_CAMERAS:
             raise ValueError(f"camera='{self.camera}' is not a Meta-World camera; allowed: {', '.join(METAWORLD_CAMERAS)}")
         if self.suite.lower() not in SUITES:
