@@ -63,10 +63,7 @@ def results_table(evaluations: list[dict[str, Any]], history: list[dict[str, Any
         agreement = _agreement(result) if "agreement" in result else "-"
         lines.append(f"| {result['iteration']} | {_rate(result['real'])} | {imagined} | {agreement} |")
     lines += paired_change_rows(evaluations)
-    tracked = [result for result in evaluations if result.get("tracking")]
-    if tracked:
-        lines += ["", "From the same initial states, how long imagination follows the real trajectory:", ""]
-        lines += [f"- iteration {result['iteration']}: {tracking_line(result['tracking'])}" for result in tracked]
+    lines += _per_check(evaluations, "tracking", "From the same initial states, how long imagination follows the real trajectory:", tracking_line)
     sourced = [result for result in evaluations if result.get("gap_sources")]
     if sourced:
         lines += ["", "Where the gap comes from, from the same initial states (per episode against the simulator's verdicts):", ""]
@@ -74,14 +71,10 @@ def results_table(evaluations: list[dict[str, Any]], history: list[dict[str, Any
         lines += ["", "Per task: success, and in brackets the per-episode kappa against the simulator within the task:", "",
                   "| iteration | task | real | judge on real | replay | closed loop |", "|---|---|---|---|---|---|"]
         lines += [row for result in sourced for row in sources_by_task_rows(result)]
-    acted = [result for result in evaluations if result.get("imagined_actions_in_reality")]
-    if acted:
-        lines += ["", "The simulator driven open loop by the closed-loop imagined episodes' actions, from the same initial states:", ""]
-        lines += [f"- iteration {result['iteration']}: {imagined_actions_line(result['imagined_actions_in_reality'])}" for result in acted]
-    repeated = [result for result in evaluations if result.get("imagination_repeat")]
-    if repeated:
-        lines += ["", "The imagined episodes' actions in imagination again, from the same frames under other world-model noise:", ""]
-        lines += [f"- iteration {result['iteration']}: {imagination_repeat_line(result['imagination_repeat'])}" for result in repeated]
+    lines += _per_check(evaluations, "imagined_actions_in_reality",
+                        "The simulator driven open loop by the closed-loop imagined episodes' actions, from the same initial states:", imagined_actions_line)
+    lines += _per_check(evaluations, "imagination_repeat",
+                        "The imagined episodes' actions in imagination again, from the same frames under other world-model noise:", imagination_repeat_line)
     rounds = [h for h in history if "world_model/refine_real_success" in h]
     if rounds:
         judged = any("world_model/judge_threshold" in h for h in rounds)  # rl.judge_threshold=replay: chosen again each round
@@ -101,6 +94,12 @@ def results_table(evaluations: list[dict[str, Any]], history: list[dict[str, Any
                 row += " - |" if threshold is None else f" {threshold:.3f} ({'-' if math.isnan(kappa) else f'{kappa:.2f}'}) |"
             lines.append(row)
     return "\n".join(lines) + "\n"
+
+
+def _per_check(evaluations: list[dict[str, Any]], key: str, heading: str, describe) -> list[str]:
+    """Markdown lines: ``heading``, then '- iteration i: ' and ``describe(result[key])`` for each check that has ``key``."""
+    checks = [result for result in evaluations if result.get(key)]
+    return ["", heading, ""] + [f"- iteration {result['iteration']}: {describe(result[key])}" for result in checks] if checks else []
 
 
 def paired_change_rows(evaluations: list[dict[str, Any]]) -> list[str]:
