@@ -14,7 +14,8 @@ from worldloop.envs.imagined import ImaginedEnv
 from worldloop.envs.toy import ToyEnv, ToyJudge, ToyWorldModel
 from worldloop.rl.configuration import RLConfig
 from worldloop.rl.refine import WorldModelRefiner, refine_seed, rollout_episodes
-from worldloop.rl.rollout import RealityCheck, collect
+from worldloop.diagnostics.reality import RealityCheck
+from worldloop.rl.rollout import collect
 from worldloop.diagnostics.monitor import train_watched
 from worldloop.rl.summary import results_table
 from worldloop.worldmodel.configuration import WorldModelConfig

@@ -16,7 +16,7 @@ from worldloop.envs.toy import ToyEnv, ToyJudge, ToyWorldModel
 from worldloop.envs.toy import instruction as toy_instruction
 from worldloop.rewards.configuration import CalibrateConfig
 from worldloop.rl.configuration import RLConfig, RLDiagnosticsConfig
-from worldloop.rl.rollout import RealityCheck
+from worldloop.diagnostics.reality import RealityCheck
 from worldloop.diagnostics.monitor import train_watched
 from worldloop.diagnostics.warnings import LARGE_UPDATE
 from worldloop.rl.trainer import minibatches_per_epoch

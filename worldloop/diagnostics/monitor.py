@@ -47,7 +47,7 @@ class RunMonitor:
     """The reality checks, warnings and stop rules of one run (see the module's docstring).
 
     ``reality_check``: called as ``reality_check(policy, name)`` and returning its result (a
-    :class:`worldloop.rl.rollout.RealityCheck`); None: warnings and the time budget only. ``training_task_of``: a
+    :class:`worldloop.diagnostics.reality.RealityCheck`); None: warnings and the time budget only. ``training_task_of``: a
     reality check's task name -> its id among the trainer's tasks (default: the name itself), for
     rl.diagnostics.drop_imagined_only (the imagined env's tasks are instructions, the check's simulator task names)."""
 
