@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--split",
         choices=("all", "held_out"),
         default="all",
-        help="held_out: only the episodes train-reward held out (same seed and reward.classifier.held_out_fraction)",
+        help="held_out: only the episodes train-reward held out (same seed and reward.training.held_out_fraction)",
     )
     parser.add_argument("--world-model", default=None, help="a train-wm folder: also judge these episodes replayed in it")
 
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
     dataset = TrajectoryDataset(args.dataset)
     if args.split == "held_out":
-        indices = np.asarray(split_episodes(dataset, config.reward.classifier.held_out_fraction, seed=config.seed)[1])
+        indices = np.asarray(split_episodes(dataset, config.reward.training.held_out_fraction, seed=config.seed)[1])
     else:
         indices = np.arange(dataset.num_episodes)
     if len(indices) == 0:

@@ -8,7 +8,7 @@ from typing import Literal
 
 @dataclass
 class ClassifierConfig:
-    """ResNet-18 success classifier on single frames (``worldloop train-reward``)."""
+    """ResNet-18 success classifier on single frames: what is saved with it (training: ClassifierTrainingConfig)."""
 
     pretrained_backbone: str = ""
     """Local file of torchvision ResNet-18 weights (.pth state dict or .safetensors) to start from; '' = random init."""
@@ -18,8 +18,17 @@ class ClassifierConfig:
     """Side in pixels the frames are resized to before the network (on the device)."""
     threshold: float = 0.5
     """P(success) at or above which a frame counts as success; kept in the saved judge (0.5 = the seed's rounding)."""
+    def validate(self) -> None:
+        if self.input_size < 16 or not 0 < self.threshold < 1:
+            raise ValueError("classifier: input_size >= 16 and 0 < threshold < 1 are required")
+
+
+@dataclass
+class ClassifierTrainingConfig:
+    """How ``worldloop train-reward`` trains the classifier (nothing of it is saved with the judge)."""
+
     threshold_from: Literal["fixed", "max_f1", "youden", "episode_kappa"] = "fixed"
-    """'fixed': keep `threshold`. 'max_f1' / 'youden': after training, the saved judge's threshold is the one that
+    """'fixed': keep reward.classifier.threshold. 'max_f1' / 'youden': after training, the saved judge's threshold is the one that
     maximises F1 / Youden's J on the held-out frames: the world model's replays of them when train-reward has
     --world-model (the frames the judge reads in RL), else the real ones. Class-balanced batches teach a 50 %
     prior, so 0.5 fires too often on real data, where success frames are rare. 'episode_kappa': the same
@@ -51,14 +60,14 @@ class ClassifierConfig:
     """Cap on labelled frames held in memory (uint8); episodes beyond it are not read."""
 
     def validate(self) -> None:
-        if self.input_size < 16 or self.steps < 1 or self.batch_size < 2 or self.eval_every < 1 or self.max_frames < 2:
-            raise ValueError("classifier: input_size >= 16, steps >= 1, batch_size >= 2, eval_every >= 1, max_frames >= 2 are required")
+        if self.steps < 1 or self.batch_size < 2 or self.eval_every < 1 or self.max_frames < 2:
+            raise ValueError("training: steps >= 1, batch_size >= 2, eval_every >= 1, max_frames >= 2 are required")
         if self.threshold_from not in ("fixed", "max_f1", "youden", "episode_kappa"):
-            raise ValueError(f"classifier: threshold_from must be 'fixed', 'max_f1', 'youden' or 'episode_kappa', got {self.threshold_from!r}")
-        if not 0 < self.threshold < 1 or not 0 <= self.held_out_fraction < 1 or not 0 <= self.blur_prob <= 1:
-            raise ValueError("classifier: 0 < threshold < 1, 0 <= held_out_fraction < 1 and 0 <= blur_prob <= 1 are required")
+            raise ValueError(f"training: threshold_from must be 'fixed', 'max_f1', 'youden' or 'episode_kappa', got {self.threshold_from!r}")
+        if not 0 <= self.held_out_fraction < 1 or not 0 <= self.blur_prob <= 1:
+            raise ValueError("training: 0 <= held_out_fraction < 1 and 0 <= blur_prob <= 1 are required")
         if self.lr <= 0 or self.weight_decay < 0 or self.jitter < 0 or self.noise_std < 0:
-            raise ValueError("classifier: lr > 0 and weight_decay, jitter, noise_std >= 0 are required")
+            raise ValueError("training: lr > 0 and weight_decay, jitter, noise_std >= 0 are required")
 
 
 @dataclass
@@ -93,7 +102,7 @@ class CalibrateConfig:
     """Windows scored per judge call."""
     threshold_tolerance_se: float = 1.0
     """Wherever a threshold is chosen by the kappa of per-episode verdicts against the simulator's (train-reward's
-    reward.classifier.threshold_from 'episode_kappa', rl.judge_threshold 'replay'): of the thresholds whose kappa lies
+    reward.training.threshold_from 'episode_kappa', rl.judge_threshold 'replay'): of the thresholds whose kappa lies
     within this many standard errors of the best, the highest; 0: the best itself. Kappa's standard error on ~80
     episodes is ~0.15, so its argmax is noise: the twelfth H200 session's landed on 0.125 (kappa 0.22 +- 0.17), whose
     judge then passed 0.90 of the base policy's real episodes (real 0.45), and RL learned to fail in ways it passed.
@@ -116,7 +125,9 @@ class RewardConfig:
     """Success judges: a trained classifier and the zero-training TOPReward, with calibration."""
 
     classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
-    """The ResNet-18 success classifier and its training."""
+    """The ResNet-18 success classifier (what is saved with it)."""
+    training: ClassifierTrainingConfig = field(default_factory=ClassifierTrainingConfig)
+    """How train-reward trains the classifier."""
     topreward: TOPRewardConfig = field(default_factory=TOPRewardConfig)
     """The Qwen3-VL TOPReward judge."""
     calibrate: CalibrateConfig = field(default_factory=CalibrateConfig)
