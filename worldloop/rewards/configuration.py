@@ -82,8 +82,6 @@ class TOPRewardConfig:
     """Frame rate the window's timestamps claim in the prompt ('<0.2 seconds>' ...), in frames per second."""
     max_batch: int = 32
     """Largest number of windows in one forward pass; bigger batches are split (bounds GPU memory)."""
-    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
-    """Attention kernel transformers uses for Qwen3-VL."""
 
     def validate(self) -> None:
         if not 0 < self.threshold < 1 or self.window < 2 or self.window % 2 or self.video_fps <= 0 or self.max_batch < 1:

@@ -66,7 +66,7 @@ class TOPReward:
         answer_token_id(processor.tokenizer, where=str(path))  # refuse before loading the weights
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         config = getattr(config, "topreward", config) or TOPRewardConfig()
-        model = Qwen3VLForConditionalGeneration.from_pretrained(str(path), dtype=dtype, attn_implementation=config.attn_implementation)
+        model = Qwen3VLForConditionalGeneration.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
         return cls(model.to(device).eval(), processor, config, device)
 
     # ---------------------------------------------------------------- processing

@@ -129,7 +129,7 @@ def train(
         metrics["time/rollout"] = time.perf_counter() - began
 
         # 2. Scores over the valid chunks: up to and including the first success (or the end of the episode).
-        mask = loss_mask(rollout.done | rollout.success, rl.mask_after_success)  # (N, T)
+        mask = loss_mask(rollout.done | rollout.success)  # (N, T)
         scores = trajectory_scores(rollout.rewards, mask)  # (N,)
         if rl.diagnostics.shuffled_scores:  # the control run: the same groups' scores, each credited to another member
             scores = shuffled_within_groups(scores, group_size, torch.Generator().manual_seed(seed * 1_000_003 + iteration))
@@ -142,7 +142,7 @@ def train(
         else:
             advantages = grpo_advantages(scores, group_size)[:, None].expand(-1, num_chunks)  # (N, T)
             keep = informative_groups(scores, group_size) if rl.filter_groups else torch.ones(num_envs, dtype=torch.bool, device=device)
-        weights = sample_weights(mask, keep, rl.length_normalise)  # (N, T), sums to 1: each trajectory / its valid length
+        weights = sample_weights(mask, keep)  # (N, T), sums to 1: each trajectory / its valid length
 
         # 4-5. Update: epochs of shuffled minibatches over the valid chunks; masked, length-normalised clipped loss.
         update_began = time.perf_counter()
