@@ -71,7 +71,7 @@ class RunMonitor:
         return {"evaluations": self.evaluations, "stopped": self.fell, "warnings": self.warnings, "silent": self.silent}
 
     def restore(self, saved: dict[str, Any], history: list[dict[str, Any]]) -> None:
-        self.evaluations, self.fell = saved["evaluations"], saved.get("stopped")
+        self.evaluations, self.fell = saved.get("evaluations", []), saved.get("stopped")
         self.warnings, self.silent = saved.get("warnings", []), saved.get("silent", 0)  # absent in checkpoints from before they were kept
         self.eval_seconds = self.evaluations[-1].get("seconds", 0.0) if self.evaluations else 0.0
         self.slowest_iteration = max((h["time/iteration"] for h in history), default=0.0)

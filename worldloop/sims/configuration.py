@@ -38,7 +38,8 @@ class SimConfig:
     num_workers: int = 2
     """Simulator worker processes; environments are spread over them (1: step everything in this process)."""
     reward_scale: float = 5.0
-    """c in the chunk reward c * (R_after - R_before), R = 1 once the episode has succeeded at any step (WoVR uses c = 5)."""
+    """c in the chunk reward c * (R_after - R_before), R = 1 once the episode has succeeded (WoVR uses c = 5); the
+    imagined environment pays the same c when its judge says success."""
 
     def validate(self) -> None:
         if self.image_size not in (64, 128, 256):
