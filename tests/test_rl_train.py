@@ -19,7 +19,7 @@ from worldloop.rl.configuration import RLConfig, RLDiagnosticsConfig
 from worldloop.diagnostics.reality import RealityCheck
 from worldloop.diagnostics.monitor import train_watched
 from worldloop.diagnostics.warnings import LARGE_UPDATE
-from worldloop.rl.trainer import minibatches_per_epoch
+from worldloop.rl.trainer import minibatches_per_epoch, train
 
 TASK = "reach-top-right"
 
@@ -149,16 +149,17 @@ def test_a_resumed_run_keeps_the_warnings_from_before_the_resume(tmp_path):
 
 
 def test_ppo_and_grpo_in_the_real_env(tmp_path):
+    """The trainer on its own, with no monitor: nothing watches, the run still trains and reports."""
     torch.manual_seed(0)
     rl = config(algorithm="ppo", group_size=4, num_groups=4)
-    results = train_watched(ToyPolicy(value_head=True), ToyEnv(16), rl, tmp_path / "ppo", tasks=[TASK], console=False)
+    results = train(ToyPolicy(value_head=True), ToyEnv(16), rl, tmp_path / "ppo", tasks=[TASK], console=False)
     last = results["history"][-1]
     assert math.isfinite(last["critic/value_loss"]) and "critic/explained_variance" in last
     with pytest.raises(ValueError, match="value head"):
-        train_watched(ToyPolicy(), ToyEnv(16), rl, tmp_path / "ppo2", console=False)
+        train(ToyPolicy(), ToyEnv(16), rl, tmp_path / "ppo2", console=False)
     # GRPO straight in the "real" environment (the loop's baseline): groups share the simulator seed.
-    results = train_watched(ToyPolicy(), ToyEnv(16), config(group_size=4, num_groups=4), tmp_path / "grpo", tasks=[TASK], console=False)
-    assert len(results["history"]) == 2
+    results = train(ToyPolicy(), ToyEnv(16), config(group_size=4, num_groups=4), tmp_path / "grpo", tasks=[TASK], console=False)
+    assert len(results["history"]) == 2 and results["evaluations"] == [] and results["warnings"] == []
 
 
 def test_learning_rate_warms_up_linearly(tmp_path):
