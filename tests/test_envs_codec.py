@@ -32,7 +32,7 @@ def test_eval_observes_the_simulator_through_the_world_models_vae(tmp_path):
     from _policy_fixtures import tiny_config, tiny_policy
     from worldloop.data.video import read_mp4
     from worldloop.policies import EXPERT
-    from worldloop.policies.evaluate import evaluate_policy
+    from worldloop.rl.evaluate import evaluate_policy
 
     tiny_vae().save_pretrained(tmp_path / "wm" / "vae")
     (tmp_path / "wm" / "config.json").write_text(json.dumps({"kind": "world_model", "image_size": 64}))

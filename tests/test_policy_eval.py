@@ -8,7 +8,7 @@ import pytest
 
 from _policy_fixtures import tiny_config, tiny_policy
 from worldloop.policies import EXPERT
-from worldloop.policies.evaluate import evaluate_policy
+from worldloop.rl.evaluate import evaluate_policy
 
 FAST_TASKS = ["reach-v3", "button-press-topdown-v3"]  # the expert solves them in ~45 and ~60 steps
 
@@ -64,7 +64,7 @@ def test_mismatched_policy_gives_clear_errors():
 
 def test_two_evaluations_of_the_same_initial_states_are_compared_episode_by_episode(tmp_path, capsys):
     from worldloop.cli import main
-    from worldloop.policies.evaluate import evaluation_seeds, paired_eval_change
+    from worldloop.rl.evaluate import evaluation_seeds, paired_eval_change
 
     results = evaluate_policy(EXPERT, sim_config(), tasks=FAST_TASKS, episodes_per_task=1, progress=False)
     assert [row["per_episode"] for row in results["per_task"].values()] == ["1", "1"]

@@ -9,10 +9,11 @@ import torch
 from _rewards_fixtures import TASKS, FakeEpisode, cue_episodes
 from worldloop.rewards.augment import colour_jitter, gaussian_blur, pixel_noise, world_model_artefacts
 from worldloop.rewards.classifier import SuccessClassifier
-from worldloop.rewards.configuration import CalibrateConfig, ClassifierConfig
+from worldloop.rewards.configuration import CalibrateConfig, ClassifierConfig, ClassifierTrainingConfig, RewardConfig
 from worldloop.rewards.labels import LabelledFrames, frame_labels, labelled_frames
 from worldloop.rewards.metrics import auroc, suggest_thresholds, value_order_correlation
-from worldloop.rewards.protocol import Judge, load_judge
+from worldloop.rewards import load_judge
+from worldloop.rewards.protocol import Judge
 
 STEPS = 150
 
@@ -81,9 +82,9 @@ def test_episodes_ending_at_first_success_have_no_positive_frame(tmp_path):
     data = labelled_frames([episode], list(TASKS))
     assert not data.success.any()
     with pytest.raises(ValueError, match="success_hold_steps"):
-        train_classifier(data, None, ClassifierConfig(steps=1), tmp_path, torch.device("cpu"))
+        train_classifier(data, None, RewardConfig(training=ClassifierTrainingConfig(steps=1)), tmp_path, torch.device("cpu"))
     with pytest.raises(ValueError, match="threshold_from"):
-        ClassifierConfig(threshold_from="median").validate()
+        ClassifierTrainingConfig(threshold_from="median").validate()
 
 
 def test_augmentations_keep_shape_and_range_and_change_pixels():
@@ -115,7 +116,7 @@ def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("rw")
     train = labelled_frames(cue_episodes(16, seed=0, size=16), list(TASKS))
     held_out = labelled_frames(cue_episodes(8, seed=1, size=16), list(TASKS))
-    config = ClassifierConfig(input_size=16, steps=STEPS, batch_size=16, lr=2e-3, eval_every=STEPS // 2, held_out_fraction=0.0)
+    config = RewardConfig(ClassifierConfig(input_size=16), ClassifierTrainingConfig(steps=STEPS, batch_size=16, lr=2e-3, eval_every=STEPS // 2, held_out_fraction=0.0))
     metrics = train_classifier(train, held_out, config, out, torch.device("cpu"), seed=0)
     return out, metrics, held_out
 
@@ -165,7 +166,7 @@ def test_saved_classifier_loads_and_scores_the_same(trained):
     torch.testing.assert_close(scores, torch.from_numpy(predict(reloaded, held_out)), atol=1e-5, rtol=1e-5)
     assert torch.equal(judge.success(windows, instructions), scores >= 0.5)
     # RL can move its threshold without retraining it (rl.judge_threshold); null keeps the saved one.
-    from worldloop.commands.rl import load_rl_judge
+    from worldloop.diagnostics.reality import load_rl_judge
     from worldloop.config import load_config
 
     assert load_rl_judge(str(out), "cpu", load_config("micro")).threshold == 0.5
@@ -269,9 +270,9 @@ def test_training_resumes_from_its_latest_checkpoint(tmp_path, capsys):
     from worldloop.rewards.train import train_classifier
 
     data = labelled_frames(cue_episodes(4, size=16), list(TASKS))
-    config = ClassifierConfig(input_size=16, steps=2, batch_size=4, eval_every=1, augment=False)
+    config = RewardConfig(ClassifierConfig(input_size=16), ClassifierTrainingConfig(steps=2, batch_size=4, eval_every=1, augment=False))
     train_classifier(data, None, config, tmp_path, torch.device("cpu"))
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_000000002"
-    metrics = train_classifier(data, None, ClassifierConfig(input_size=16, steps=3, batch_size=4, eval_every=1), tmp_path, torch.device("cpu"))
+    metrics = train_classifier(data, None, RewardConfig(ClassifierConfig(input_size=16), ClassifierTrainingConfig(steps=3, batch_size=4, eval_every=1)), tmp_path, torch.device("cpu"))
     assert "resuming" in capsys.readouterr().out and metrics["steps"] == 3 and metrics["held_out"] is None
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_000000003"

@@ -8,7 +8,8 @@ import torch
 
 from _rewards_fixtures import TINY_VIDEO_SIZE, cue_episodes, drop_true_token
 from worldloop.rewards.configuration import CalibrateConfig, RewardConfig
-from worldloop.rewards.protocol import Judge, load_judge
+from worldloop.rewards import load_judge
+from worldloop.rewards.protocol import Judge
 from worldloop.rewards.qwen_random import save_random_qwen3_vl_folder
 from worldloop.rewards.topreward import ANSWER
 

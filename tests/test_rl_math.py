@@ -124,7 +124,7 @@ def test_gae_by_hand_with_termination_and_bootstrap():
     values = torch.tensor([[1.0, 2.0], [1.0, 2.0]])
     terminated = torch.tensor([[F, T], [F, F]])  # episode 0 succeeds at chunk 1; episode 1 is cut off
     last_values = torch.tensor([10.0, 4.0])
-    advantages, returns = gae(rewards, values, terminated, last_values, gamma, lam)
+    advantages, returns = gae(rewards, values, terminated, terminated, last_values, gamma, lam)
     # ep 0: d1 = 1 - 2 = -1; d0 = 0 + 0.5*2 - 1 = 0; A0 = 0 + 0.25 * -1 = -0.25
     # ep 1: d1 = 0 + 0.5*4 - 2 = 0; d0 = 0; A = 0
     assert advantages.flatten().tolist() == pytest.approx([-0.25, -1.0, 0.0, 0.0])
@@ -132,6 +132,23 @@ def test_gae_by_hand_with_termination_and_bootstrap():
     weights = torch.ones(2, 2)
     assert explained_variance(values, values, weights) == pytest.approx(1.0)
     assert explained_variance(torch.zeros(2, 2), returns, weights) < 0.5
+
+
+def test_gae_bootstraps_a_truncated_episode_from_its_last_step_and_takes_nothing_after():
+    """Episode 0 is cut by its time limit at chunk 2 of 6 while episode 1 runs on: its advantages come
+    from its own three chunks, bootstrapped from V of the observation after chunk 2 (values[0, 3])."""
+    gamma, lam = 0.5, 0.5
+    rewards = torch.tensor([[0.0, 0.0, 1.0, 5.0, 5.0, 5.0], [0.0] * 6])
+    values = torch.tensor([[1.0, 1.0, 1.0, 2.0, 9.0, 9.0], [0.0] * 6])
+    done = torch.tensor([[F, F, T, T, T, T], [F] * 6])
+    terminated = torch.zeros(2, 6, dtype=torch.bool)
+    last_values = torch.tensor([9.0, 0.0])
+    advantages, returns = gae(rewards, values, done, terminated, last_values, gamma, lam)
+    # d2 = 1 + 0.5 * 2 - 1 = 1; d1 = d0 = 0 + 0.5 * 1 - 1 = -0.5
+    # A2 = 1; A1 = -0.5 + 0.25 * 1 = -0.25; A0 = -0.5 + 0.25 * -0.25 = -0.5625; nothing after chunk 2
+    assert advantages[0].tolist() == pytest.approx([-0.5625, -0.25, 1.0, 0.0, 0.0, 0.0])
+    assert returns[0, :3].tolist() == pytest.approx([0.4375, 0.75, 2.0])
+    assert advantages[1].tolist() == pytest.approx([0.0] * 6)
 
 
 def test_agreement_beyond_chance_by_hand():
@@ -171,7 +188,8 @@ def test_paired_changes_split_the_task_major_episodes_and_tighten_the_fall():
     """RL's evaluations repeat the same initial states: the paired change per task reads the verdict strings in the
     check's task-major order; a fall where few episodes flipped is significant paired and not unpaired."""
     from worldloop.rl.rollout import paired_changes
-    from worldloop.rl.trainer import paired_change_rows, real_success_fall
+    from worldloop.diagnostics.warnings import real_success_fall
+    from worldloop.rl.summary import paired_change_rows
 
     def check(real: str, imagined: str, tasks=("a", "b")) -> dict:
         size = len(real) // len(tasks)

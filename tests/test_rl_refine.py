@@ -14,8 +14,10 @@ from worldloop.envs.imagined import ImaginedEnv
 from worldloop.envs.toy import ToyEnv, ToyJudge, ToyWorldModel
 from worldloop.rl.configuration import RLConfig
 from worldloop.rl.refine import WorldModelRefiner, refine_seed, rollout_episodes
-from worldloop.rl.rollout import RealityCheck, collect
-from worldloop.rl.trainer import results_table, train
+from worldloop.diagnostics.reality import RealityCheck
+from worldloop.rl.rollout import collect
+from worldloop.diagnostics.monitor import train_watched
+from worldloop.rl.summary import results_table
 from worldloop.worldmodel.configuration import WorldModelConfig
 from worldloop.worldmodel.rollout import WorldModel
 
@@ -53,7 +55,7 @@ def test_rollout_episodes_pair_each_frame_with_the_action_taken_from_it():
 
 
 def test_refinement_seeds_stay_apart_from_evaluation_and_collection_seeds():
-    from worldloop.policies.evaluate import eval_seed
+    from worldloop.rl.evaluate import eval_seed
     from worldloop.sims.tasks import ALL_TASKS
 
     offset = 2**31
@@ -157,7 +159,7 @@ def test_refining_rl_resumes_exactly(vae, tmp_path):
         rl = RLConfig(iterations=iterations, group_size=4, num_groups=2, max_steps=16, lr=3e-3, train_temperature=1.0, checkpoint_every=1,
                       refine_every=refine_every, refine_episodes_per_task=4, refine_steps=3, refine_lr=1e-3)  # fmt: skip
         env = ImaginedEnv(ToyWorldModel(), ToyJudge(), make_pool(32, 3), 8, 4, max_steps=16, kir_ratio=0.3)
-        return train(policy, env, rl, folder, seed=3, refiner=refiner, console=False), refiner
+        return train_watched(policy, env, rl, folder, seed=3, refiner=refiner, console=False), refiner
 
     straight, straight_refiner = run(tmp_path / "a", 2)
     run(tmp_path / "b", 1)

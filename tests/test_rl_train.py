@@ -14,9 +14,12 @@ from test_rl_env import make_pool
 from worldloop.envs.imagined import ImaginedEnv
 from worldloop.envs.toy import ToyEnv, ToyJudge, ToyWorldModel
 from worldloop.envs.toy import instruction as toy_instruction
-from worldloop.rl.configuration import RLConfig
-from worldloop.rl.rollout import RealityCheck
-from worldloop.rl.trainer import LARGE_UPDATE, minibatches_per_epoch, train
+from worldloop.rewards.configuration import CalibrateConfig
+from worldloop.rl.configuration import RLConfig, RLDiagnosticsConfig
+from worldloop.diagnostics.reality import RealityCheck
+from worldloop.diagnostics.monitor import train_watched
+from worldloop.diagnostics.warnings import LARGE_UPDATE
+from worldloop.rl.trainer import minibatches_per_epoch, train
 
 TASK = "reach-top-right"
 
@@ -50,7 +53,7 @@ def test_rl_in_imagination_raises_real_success(tmp_path):
     check = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=imagined(episodes, 1))
     rl = config(iterations=30, num_groups=8, eval_every=0)
     env = imagined(rl.num_groups * rl.group_size, rl.group_size)
-    results = train(policy, env, rl, tmp_path / "run", reality_check=check, console=False)
+    results = train_watched(policy, env, rl, tmp_path / "run", reality_check=check, console=False)
 
     before, after = results["evaluations"][0], results["evaluations"][-1]
     assert before["iteration"] == 0 and after["iteration"] == 30
@@ -92,27 +95,27 @@ def test_rl_in_imagination_raises_real_success(tmp_path):
 
 
 def test_rl_with_shuffled_scores_does_not_raise_real_success(tmp_path):
-    """The control run (rl.reward_control=shuffled): the same toy world and settings as above, each group's scores
+    """The control run (rl.diagnostics.shuffled_scores=true): the same toy world and settings as above, each group's scores
     credited to its members at random. As many groups carry a 'signal', the policy moves, and real success does not rise."""
     torch.manual_seed(0)
     episodes = 192
     check = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=imagined(episodes, 1))
-    rl = config(iterations=30, num_groups=8, eval_every=0, reward_control="shuffled")
-    results = train(ToyPolicy(), imagined(rl.num_groups * rl.group_size, rl.group_size), rl, tmp_path / "run", reality_check=check, console=False)
+    rl = config(iterations=30, num_groups=8, eval_every=0, diagnostics=RLDiagnosticsConfig(shuffled_scores=True))
+    results = train_watched(ToyPolicy(), imagined(rl.num_groups * rl.group_size, rl.group_size), rl, tmp_path / "run", reality_check=check, console=False)
     before, after = results["evaluations"][0]["real"], results["evaluations"][-1]["real"]
     assert after["success_once"] - before["success_once"] < 2 * math.hypot(before["stderr"], after["stderr"]), (before, after)
-    assert results["reward_control"] == "shuffled" and (tmp_path / "run" / "results.md").read_text().startswith("A control run")
+    assert results["shuffled_scores"] is True and (tmp_path / "run" / "results.md").read_text().startswith("A control run")
     kept = [h["rollout/kept_groups"] for h in results["history"]]
     assert sum(kept) / len(kept) > 0.2 and max(h.get("actor/approx_kl", 0.0) for h in results["history"]) > 1e-3, results["history"][-1]
     with pytest.raises(ValueError, match="PPO's per-chunk rewards have no groups"):
-        config(algorithm="ppo", reward_control="shuffled").validate()
+        config(algorithm="ppo", diagnostics=RLDiagnosticsConfig(shuffled_scores=True)).validate()
 
 
 def _run(folder, iterations):
     torch.manual_seed(0)
     policy = ToyPolicy()
     rl = config(iterations=iterations, entropy_coef=0.01, kl_coef=0.1)
-    results = train(policy, imagined(32, 8), rl, folder, seed=3, console=False)
+    results = train_watched(policy, imagined(32, 8), rl, folder, seed=3, console=False)
     return policy, results
 
 
@@ -137,7 +140,7 @@ def test_a_resumed_run_keeps_the_warnings_from_before_the_resume(tmp_path):
     def run(iterations: int) -> dict:
         torch.manual_seed(0)
         check = RealityCheck(ToyEnv(32), [TASK], 32, imagined_env=ShuffledStarts(imagined(32, 1)), greedy=True)
-        return train(ToyPolicy(), imagined(32, 8), config(iterations=iterations, eval_every=1), tmp_path / "run", reality_check=check, console=False)
+        return train_watched(ToyPolicy(), imagined(32, 8), config(iterations=iterations, eval_every=1), tmp_path / "run", reality_check=check, console=False)
 
     first = run(1)
     assert [w["iteration"] for w in first["warnings"]][:1] == [0], first["warnings"]
@@ -146,6 +149,7 @@ def test_a_resumed_run_keeps_the_warnings_from_before_the_resume(tmp_path):
 
 
 def test_ppo_and_grpo_in_the_real_env(tmp_path):
+    """The trainer on its own, with no monitor: nothing watches, the run still trains and reports."""
     torch.manual_seed(0)
     rl = config(algorithm="ppo", group_size=4, num_groups=4)
     results = train(ToyPolicy(value_head=True), ToyEnv(16), rl, tmp_path / "ppo", tasks=[TASK], console=False)
@@ -155,7 +159,7 @@ def test_ppo_and_grpo_in_the_real_env(tmp_path):
         train(ToyPolicy(), ToyEnv(16), rl, tmp_path / "ppo2", console=False)
     # GRPO straight in the "real" environment (the loop's baseline): groups share the simulator seed.
     results = train(ToyPolicy(), ToyEnv(16), config(group_size=4, num_groups=4), tmp_path / "grpo", tasks=[TASK], console=False)
-    assert len(results["history"]) == 2
+    assert len(results["history"]) == 2 and results["evaluations"] == [] and results["warnings"] == []
 
 
 def test_learning_rate_warms_up_linearly(tmp_path):
@@ -165,7 +169,7 @@ def test_learning_rate_warms_up_linearly(tmp_path):
     for warmup in (0, 6):
         torch.manual_seed(0)
         rl = config(lr=1e-3, lr_warmup_steps=warmup, update_epochs=2, num_minibatches=2, filter_groups=False)
-        results = train(ToyPolicy(), imagined(32, 8), rl, tmp_path / f"w{warmup}", console=False)
+        results = train_watched(ToyPolicy(), imagined(32, 8), rl, tmp_path / f"w{warmup}", console=False)
         lrs[warmup] = [h["actor/lr"] for h in results["history"]]  # the lr of each iteration's first step
     assert lrs[0] == [1e-3, 1e-3]
     assert lrs[6] == pytest.approx([1e-3 / 6, 1e-3 * 5 / 6])
@@ -190,7 +194,7 @@ class SharperInTheUpdate(ToyPolicy):
 
 def test_a_rollout_update_mismatch_shows_before_the_first_step(tmp_path):
     torch.manual_seed(0)
-    results = train(SharperInTheUpdate(), imagined(32, 8), config(iterations=1, filter_groups=False), tmp_path / "run", console=False)
+    results = train_watched(SharperInTheUpdate(), imagined(32, 8), config(iterations=1, filter_groups=False), tmp_path / "run", console=False)
     assert results["history"][0]["actor/approx_kl_before_update"] > 0.01
 
 
@@ -202,7 +206,7 @@ def test_target_kl_stops_the_update_before_the_step_that_would_pass_it(tmp_path)
     for target_kl in (None, 1e-9):
         torch.manual_seed(0)
         rl = config(target_kl=target_kl, update_epochs=2, num_minibatches=2, filter_groups=False)
-        results = train(ToyPolicy(), imagined(32, 8), rl, tmp_path / f"kl{target_kl}", console=False)
+        results = train_watched(ToyPolicy(), imagined(32, 8), rl, tmp_path / f"kl{target_kl}", console=False)
         steps[target_kl] = [h["actor/update_steps"] for h in results["history"]]
         lrs[target_kl] = [h["actor/lr"] for h in results["history"]]  # the lr of each iteration's first step
         assert all(h["actor/approx_kl"] > 0 and h["actor/grad_norm"] > 0 for h in results["history"])
@@ -211,7 +215,7 @@ def test_target_kl_stops_the_update_before_the_step_that_would_pass_it(tmp_path)
     # A rollout-vs-update mismatch above target_kl (approx_kl before any step) does not stall the update: one step.
     torch.manual_seed(0)
     rl = config(iterations=1, target_kl=1e-3, filter_groups=False)
-    first = train(SharperInTheUpdate(), imagined(32, 8), rl, tmp_path / "mismatch", console=False)["history"][0]
+    first = train_watched(SharperInTheUpdate(), imagined(32, 8), rl, tmp_path / "mismatch", console=False)["history"][0]
     assert first["actor/approx_kl_before_update"] > 1e-3 and first["actor/update_steps"] == 1.0
 
 
@@ -221,14 +225,14 @@ def test_dropped_groups_mean_fewer_update_steps_of_full_size(tmp_path):
     assert [minibatches_per_epoch(4, kept / 8) for kept in range(9)] == [1, 1, 1, 2, 2, 3, 3, 4, 4]
     torch.manual_seed(0)
     rl = config(iterations=8, num_groups=4, update_epochs=2, num_minibatches=4, checkpoint_every=100)
-    history = train(ToyPolicy(), imagined(32, 8), rl, tmp_path / "run", console=False)["history"]
+    history = train_watched(ToyPolicy(), imagined(32, 8), rl, tmp_path / "run", console=False)["history"]
     kept = [round(h["rollout/kept_groups"] * rl.num_groups) for h in history]
     steps = [h["actor/update_steps"] for h in history]
     assert steps == [2.0 * kept_groups if kept_groups else 0.0 for kept_groups in kept], (kept, steps)  # ceil(4 * k / 4) = k
     assert any(0 < k < rl.num_groups for k in kept), kept  # some iterations dropped groups, and they took fewer steps
     # Without filtering, every group is in every minibatch count: M per epoch whatever the signal.
     torch.manual_seed(0)
-    history = train(ToyPolicy(), imagined(32, 8), config(iterations=2, num_minibatches=4, filter_groups=False), tmp_path / "all", console=False)["history"]
+    history = train_watched(ToyPolicy(), imagined(32, 8), config(iterations=2, num_minibatches=4, filter_groups=False), tmp_path / "all", console=False)["history"]
     assert [h["actor/update_steps"] for h in history] == [8.0, 8.0]
 
 
@@ -283,7 +287,7 @@ def test_warm_up_keeps_the_first_update_of_a_confident_policy_small(tmp_path):
         policy.load_state_dict(start)
         torch.manual_seed(1)
         rl = config(iterations=4, lr=3e-5, lr_warmup_steps=warmup, update_epochs=2, num_minibatches=8, checkpoint_every=100)
-        results = train(policy, imagined(32, 8), rl, tmp_path / f"w{warmup}", console=False)
+        results = train_watched(policy, imagined(32, 8), rl, tmp_path / f"w{warmup}", console=False)
         updates = [h for h in results["history"] if "actor/approx_kl" in h]
         first_kl[warmup] = updates[0]["actor/approx_kl"]
         jumps = [w["message"] for w in results["warnings"] if w["message"].startswith(LARGE_UPDATE)]
@@ -298,20 +302,20 @@ def test_warm_up_keeps_the_first_update_of_a_confident_policy_small(tmp_path):
     policy.load_state_dict(start)
     torch.manual_seed(1)
     rl = config(iterations=1, lr=3e-5, lr_warmup_steps=0, target_kl=0.05, update_epochs=2, num_minibatches=4, checkpoint_every=100)
-    first = train(policy, imagined(32, 8), rl, tmp_path / "target_kl", console=False)["history"][0]
+    first = train_watched(policy, imagined(32, 8), rl, tmp_path / "target_kl", console=False)["history"][0]
     print("lr_warmup_steps=0, target_kl=0.05: approx_kl", round(first["actor/approx_kl"], 4), "after", first["actor/update_steps"], "steps")
     assert first["actor/update_steps"] == 1.0
 
 
 def test_bad_input_gives_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="action_dim=3 but the environment has action_dim=2"):
-        train(ToyPolicy(action_dim=3), imagined(32, 8), config(), tmp_path / "x", console=False)
+        train_watched(ToyPolicy(action_dim=3), imagined(32, 8), config(), tmp_path / "x", console=False)
     with pytest.raises(ValueError, match="rl.num_groups x rl.group_size"):
-        train(ToyPolicy(), imagined(16, 8), config(), tmp_path / "y", console=False)
+        train_watched(ToyPolicy(), imagined(16, 8), config(), tmp_path / "y", console=False)
     with pytest.raises(ValueError, match="group_size >= 2"):
         RLConfig(group_size=1).validate()
-    with pytest.raises(ValueError, match="eval_videos_per_task"):
-        RLConfig(eval_videos_per_task=-1).validate()
+    with pytest.raises(ValueError, match="eval_episodes_per_task"):
+        RLConfig(eval_episodes_per_task=-1).validate()
     with pytest.raises(ValueError, match="success_chunks"):
         RLConfig(success_chunks=0).validate()
 
@@ -334,16 +338,16 @@ def test_rl_command_refuses_incomplete_input(tmp_path, capsys):
     assert "--env real trains in the simulator itself" in capsys.readouterr().err
     assert main(args + ["rl.train_tasks=tracked"]) == 2
     assert "train_tasks 'tracked'" in capsys.readouterr().err
-    assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.drop_imagined_only=true"]) == 2
-    assert "rl.drop_imagined_only=true compares real and imagined success at each reality check: it needs --world-model" in capsys.readouterr().err
-    assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.eval_imagined_actions_in_reality=true"]) == 2
-    assert "rl.eval_imagined_actions_in_reality=true replays the imagined episodes' actions in the simulator: it needs" in capsys.readouterr().err
-    assert main(args + ["rl.kir_ratio=0", "rl.eval_imagined_actions_in_reality=true", "rl.eval_episodes_per_task=0"]) == 2
+    assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.diagnostics.drop_imagined_only=true"]) == 2
+    assert "rl.diagnostics.drop_imagined_only=true compares real and imagined success at each reality check: it needs --world-model" in capsys.readouterr().err
+    assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.diagnostics.imagined_actions_in_reality=true"]) == 2
+    assert "rl.diagnostics.imagined_actions_in_reality=true replays the imagined episodes' actions in the simulator: it needs" in capsys.readouterr().err
+    assert main(args + ["rl.kir_ratio=0", "rl.diagnostics.imagined_actions_in_reality=true", "rl.eval_episodes_per_task=0"]) == 2
     assert "rl.eval_episodes_per_task > 0 (got 0)" in capsys.readouterr().err
-    assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.eval_imagination_repeat=true"]) == 2
-    assert "rl.eval_imagination_repeat=true replays the imagined episodes' actions in imagination: it needs" in capsys.readouterr().err
-    assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.reality_through_codec=true"]) == 2
-    assert "rl.reality_through_codec=true shows the policy the simulator through the world model's VAE: it needs --world-model" in capsys.readouterr().err
+    assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.diagnostics.imagination_repeat=true"]) == 2
+    assert "rl.diagnostics.imagination_repeat=true replays the imagined episodes' actions in imagination: it needs" in capsys.readouterr().err
+    assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.diagnostics.reality_through_codec=true"]) == 2
+    assert "rl.diagnostics.reality_through_codec=true shows the policy the simulator through the world model's VAE: it needs --world-model" in capsys.readouterr().err
     assert main(args + ["--keyframes", "k", "rl.judge_threshold=replay"]) == 2  # complete arguments: on to loading them
     assert "model folder p does not exist" in capsys.readouterr().err
 
@@ -351,7 +355,7 @@ def test_rl_command_refuses_incomplete_input(tmp_path, capsys):
 def test_the_reality_check_shares_the_calibrations_environments_only_on_the_same_tasks():
     """rl.train_tasks=tracked may evaluate fewer tasks than the calibration ran on: then the evaluation gets its own
     simulator; on the same tasks it reuses the calibration's, from the evaluation's own initial states."""
-    from worldloop.commands.rl import reality_check
+    from worldloop.diagnostics.reality import reality_check
     from worldloop.config import ConfigError, load_config
 
     config = load_config("micro", ["rl.eval_episodes_per_task=2"])
@@ -369,12 +373,12 @@ def test_the_reality_check_shares_the_calibrations_environments_only_on_the_same
 
         from _worldmodel_fixtures import tiny_vae
 
-        config.rl.reality_through_codec = True  # the policy sees this simulator through the world model's VAE
+        config.rl.diagnostics.reality_through_codec = True  # the policy sees this simulator through the world model's VAE
         world_model = SimpleNamespace(vae=tiny_vae(), image_size=config.sim.image_size)
         seen = reality_check(config, ["push-v3"], world_model, None, None, "cpu", closers)
         assert seen.through_codec and seen.real_env.num_envs == 2
         world_model.image_size = 2 * config.sim.image_size
-        with pytest.raises(ConfigError, match="rl.reality_through_codec: the world model works at"):
+        with pytest.raises(ConfigError, match="rl.diagnostics.reality_through_codec: the world model works at"):
             reality_check(config, ["push-v3"], world_model, None, None, "cpu", closers)
     finally:
         for env in closers:
@@ -386,10 +390,10 @@ def test_a_judge_that_always_says_success_is_diagnosed(tmp_path):
     failure of the 2026-12-01 self-forcing run: the judge fired on world-model artefacts)."""
     torch.manual_seed(0)
     env = ImaginedEnv(ToyWorldModel(), ToyJudge(radius=10.0), make_pool(32, 3), 16, 8, max_steps=16, kir_ratio=0.0)
-    results = train(ToyPolicy(), env, config(iterations=6, num_groups=2), tmp_path / "run", console=False)
+    results = train_watched(ToyPolicy(), env, config(iterations=6, num_groups=2), tmp_path / "run", console=False)
     assert all(h["rollout/groups_all_success"] == 1.0 and h["rollout/kept_groups"] == 0.0 for h in results["history"])
     assert [w["iteration"] for w in results["warnings"]] == [5] and "calibrate-reward --world-model" in results["warnings"][0]["message"]
-    healthy = train(ToyPolicy(), imagined(16, 8), config(iterations=6, num_groups=2), tmp_path / "healthy", console=False)
+    healthy = train_watched(ToyPolicy(), imagined(16, 8), config(iterations=6, num_groups=2), tmp_path / "healthy", console=False)
     assert healthy["warnings"] == [] and 0.0 <= healthy["history"][-1]["rollout/groups_all_fail"] <= 1.0
 
 
@@ -411,23 +415,23 @@ def test_each_check_is_kept_on_disk_as_soon_as_it_is_made(tmp_path):
     """A run cut short after its first check (here the second check fails) keeps that check in evaluations.json;
     a finished run's evaluations.json holds the same checks as its results.json."""
     with pytest.raises(IndexError):  # ScriptedCheck has one rate: the second check finds none
-        train(ToyPolicy(), imagined(32, 8), config(iterations=3, eval_every=1), tmp_path / "cut", reality_check=ScriptedCheck([0.5]), progress_bar=False)
+        train_watched(ToyPolicy(), imagined(32, 8), config(iterations=3, eval_every=1), tmp_path / "cut", reality_check=ScriptedCheck([0.5]), progress_bar=False)
     kept = json.loads((tmp_path / "cut" / "evaluations.json").read_text())
     assert [check["iteration"] for check in kept["evaluations"]] == [0] and kept["evaluations"][0]["real"]["success_once"] == 0.5
     assert not (tmp_path / "cut" / "results.json").exists()
-    results = train(ToyPolicy(), imagined(32, 8), config(iterations=2, eval_every=1), tmp_path / "run", reality_check=ScriptedCheck([0.5, 0.5, 0.5]),
+    results = train_watched(ToyPolicy(), imagined(32, 8), config(iterations=2, eval_every=1), tmp_path / "run", reality_check=ScriptedCheck([0.5, 0.5, 0.5]),
                     progress_bar=False)  # fmt: skip
     kept = json.loads((tmp_path / "run" / "evaluations.json").read_text())
     assert kept["evaluations"] == json.loads((tmp_path / "run" / "results.json").read_text())["evaluations"] and len(results["evaluations"]) == 3
 
 
 def test_a_fall_in_real_success_stops_rl_with_the_last_weights_that_held(tmp_path):
-    """rl.stop_when_real_falls_se: the first evaluation whose real success lies more than that many standard
+    """rl.diagnostics.stop_when_real_falls_se: the first evaluation whose real success lies more than that many standard
     errors under the first one's ends the run; the final policy is the last evaluation's that held, and a rerun
     stays stopped. Hand-worked: 0.50 -> 0.30 at n = 100 is 0.2 / hypot(0.05, 0.0458) = 2.95 SE."""
     from safetensors.torch import load_file
 
-    from worldloop.rl.trainer import REAL_FELL, real_success_fall
+    from worldloop.diagnostics.warnings import REAL_FELL, real_success_fall
 
     first, fallen = ScriptedCheck([0.5, 0.3])(ToyPolicy(), ""), ScriptedCheck([0.3])(ToyPolicy(), "")
     assert real_success_fall(first, fallen, 2.0) == ["overall 0.500 -> 0.300 (-2.9 SE)", f"{TASK} 0.500 -> 0.300 (-2.9 SE)"]
@@ -435,9 +439,9 @@ def test_a_fall_in_real_success_stops_rl_with_the_last_weights_that_held(tmp_pat
 
     torch.manual_seed(0)
     check = ScriptedCheck([0.5, 0.45, 0.3, 0.6])
-    rl = config(iterations=4, num_groups=4, eval_every=1, stop_when_real_falls_se=2.0)
+    rl = config(iterations=4, num_groups=4, eval_every=1, diagnostics=RLDiagnosticsConfig(stop_when_real_falls_se=2.0))
     run = tmp_path / "run"
-    results = train(ToyPolicy(), imagined(32, 8), rl, run, reality_check=check, console=False)
+    results = train_watched(ToyPolicy(), imagined(32, 8), rl, run, reality_check=check, console=False)
     assert [e["iteration"] for e in results["evaluations"]] == [0, 1, 2] and results["iterations"] == 2
     assert results["stopped"]["iteration"] == 2 and results["stopped"]["policy_from"] == 1, results["stopped"]
     assert any(w["message"].startswith(f"{REAL_FELL} at iteration 2") for w in results["warnings"])
@@ -445,16 +449,16 @@ def test_a_fall_in_real_success_stops_rl_with_the_last_weights_that_held(tmp_pat
     assert all(torch.equal(saved[name], check.weights[1][name]) for name in saved)  # iteration 1's weights, not 2's
     assert not all(torch.equal(check.weights[1][name], check.weights[2][name]) for name in saved)
     assert "Stopped at iteration 2" in (run / "results.md").read_text()
-    again = train(ToyPolicy(), imagined(32, 8), rl, run, reality_check=ScriptedCheck([]), console=False)
+    again = train_watched(ToyPolicy(), imagined(32, 8), rl, run, reality_check=ScriptedCheck([]), console=False)
     assert again["iterations"] == 2 and again["stopped"] == results["stopped"]
     with pytest.raises(ValueError, match="stop_when_real_falls_se"):
-        RLConfig(stop_when_real_falls_se=-1).validate()
+        RLConfig(diagnostics=RLDiagnosticsConfig(stop_when_real_falls_se=-1)).validate()
 
 
 def test_the_time_limit_leaves_room_for_the_final_evaluation(tmp_path, monkeypatch):
     """rl.time_limit_min ends a run while its final evaluation still fits: the 2026-12-03 per-task-thresholds run's second
     arm, stopped from outside during its last evaluation, wrote no results at all."""
-    from worldloop.rl.trainer import time_is_up
+    from worldloop.diagnostics.warnings import time_is_up
 
     # 10 minutes: 8 min in, a 60 s iteration and a 50 s evaluation fit (590 s), one more due evaluation does not (640 s).
     assert not time_is_up(480, 60, 50, False, 10) and time_is_up(480, 60, 50, True, 10)
@@ -464,22 +468,22 @@ def test_the_time_limit_leaves_room_for_the_final_evaluation(tmp_path, monkeypat
 
     torch.manual_seed(0)
     rl = config(iterations=3, num_groups=4, eval_every=0, time_limit_min=1e-6)
-    results = train(ToyPolicy(), imagined(32, 8), rl, tmp_path / "run", reality_check=ScriptedCheck([0.5, 0.5]), console=False)
+    results = train_watched(ToyPolicy(), imagined(32, 8), rl, tmp_path / "run", reality_check=ScriptedCheck([0.5, 0.5]), console=False)
     assert results["iterations"] == 1 and [e["iteration"] for e in results["evaluations"]] == [0, 1]
     assert (tmp_path / "run" / "results.json").is_file()
     rl = config(iterations=3, num_groups=4, eval_every=0, time_limit_min=60)
-    results = train(ToyPolicy(), imagined(32, 8), rl, tmp_path / "long", reality_check=ScriptedCheck([0.5, 0.5]), console=False)
+    results = train_watched(ToyPolicy(), imagined(32, 8), rl, tmp_path / "long", reality_check=ScriptedCheck([0.5, 0.5]), console=False)
     assert results["iterations"] == 3 and [e["iteration"] for e in results["evaluations"]] == [0, 3]
 
     # resumed, a run expects its iterations and final evaluation to last as long as the checkpoint's did
-    from worldloop.rl import trainer as trainer_lib
+    from worldloop.diagnostics import monitor as monitor_lib
 
     rl = config(iterations=1, num_groups=4, eval_every=0, time_limit_min=60)
-    first = train(ToyPolicy(), imagined(32, 8), rl, tmp_path / "resumed", reality_check=ScriptedCheck([0.5] * 3), console=False)
+    first = train_watched(ToyPolicy(), imagined(32, 8), rl, tmp_path / "resumed", reality_check=ScriptedCheck([0.5] * 3), console=False)
     calls = []
-    monkeypatch.setattr(trainer_lib, "time_is_up", lambda *args: calls.append(args) or False)
+    monkeypatch.setattr(monitor_lib, "time_is_up", lambda *args: calls.append(args) or False)
     rl = config(iterations=2, num_groups=4, eval_every=0, time_limit_min=60)
-    train(ToyPolicy(), imagined(32, 8), rl, tmp_path / "resumed", reality_check=ScriptedCheck([0.5] * 3), console=False)
+    train_watched(ToyPolicy(), imagined(32, 8), rl, tmp_path / "resumed", reality_check=ScriptedCheck([0.5] * 3), console=False)
     _, iteration_s, eval_s, _, _ = calls[0]
     assert iteration_s >= first["history"][0]["time/iteration"] and eval_s == first["evaluations"][-1]["seconds"] > 0
 
@@ -487,14 +491,14 @@ def test_the_time_limit_leaves_room_for_the_final_evaluation(tmp_path, monkeypat
 def test_an_optimistic_imagined_environment_is_diagnosed_once(tmp_path):
     """Imagined success far above the real one from the same initial states (the 2026-12-01 expert-world-model run:
     0.985 vs 0.370): the first evaluation that shows it warns, later ones do not repeat it."""
-    from worldloop.rl.trainer import OPTIMISTIC
+    from worldloop.diagnostics.warnings import OPTIMISTIC
 
     torch.manual_seed(0)
     episodes = 32
     always = ImaginedEnv(ToyWorldModel(), ToyJudge(radius=10.0), make_pool(32, 3), episodes, 1, max_steps=16, kir_ratio=0.0)
     check = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=always)
     rl = config(iterations=2, num_groups=2, eval_every=1)
-    results = train(ToyPolicy(), imagined(16, 8), rl, tmp_path / "run", reality_check=check, console=False)
+    results = train_watched(ToyPolicy(), imagined(16, 8), rl, tmp_path / "run", reality_check=check, console=False)
     first = results["evaluations"][0]
     assert first["imagined"]["success_once"] == 1.0 and first["real"]["success_once"] < 0.5, first
     optimistic = [w for w in results["warnings"] if w["message"].startswith(OPTIMISTIC)]
@@ -504,13 +508,13 @@ def test_an_optimistic_imagined_environment_is_diagnosed_once(tmp_path):
 def test_a_pessimistic_imagined_environment_is_diagnosed(tmp_path):
     """Imagined success far below the real one (the 2026-12-01 base-rollouts run: 0.015 vs 0.370): a judge that never
     fires in imagination warns with the other direction's advice."""
-    from worldloop.rl.trainer import OPTIMISTIC, PESSIMISTIC, UNTRACKED
+    from worldloop.diagnostics.warnings import OPTIMISTIC, PESSIMISTIC, UNTRACKED
 
     torch.manual_seed(0)
     episodes = 64
     never = ImaginedEnv(ToyWorldModel(), ToyJudge(radius=-1.0), make_pool(32, 3), episodes, 1, max_steps=16, kir_ratio=0.0)
     check = RealityCheck(ToyEnv(episodes, radius=0.5), [TASK], episodes, imagined_env=never)  # an easy real task
-    results = train(ToyPolicy(), imagined(16, 8), config(iterations=1, num_groups=2, eval_every=1), tmp_path / "run", reality_check=check, console=False)
+    results = train_watched(ToyPolicy(), imagined(16, 8), config(iterations=1, num_groups=2, eval_every=1), tmp_path / "run", reality_check=check, console=False)
     first = results["evaluations"][0]
     assert first["imagined"]["success_once"] == 0.0 and first["real"]["success_once"] > 0.4, first
     # a judge that never fires tracks nothing either: its verdicts agree with reality only by chance
@@ -524,7 +528,8 @@ def test_rates_that_match_but_verdicts_that_do_not_are_diagnosed(tmp_path):
     verdicts agreed at chance (kappa -0.02). Here the imagined episodes start from other initial
     states than the real ones, so the rates match and the verdicts are independent; the same world
     model started from the real states, under a greedy policy, tracks reality and does not warn."""
-    from worldloop.rl.trainer import UNTRACKED, imagination_tracking_diagnosis, results_table
+    from worldloop.diagnostics.warnings import UNTRACKED, imagination_tracking_diagnosis
+    from worldloop.rl.summary import results_table
 
     torch.manual_seed(0)
     policy, episodes = ToyPolicy(), 96
@@ -552,7 +557,7 @@ def test_rates_that_match_but_verdicts_that_do_not_are_diagnosed(tmp_path):
 def test_each_check_after_the_first_shows_its_paired_changes_since_the_first():
     """The criterion's numbers (real and imagined success since iteration 0, paired per episode) at every check's
     console line: a run whose results.json is lost keeps them in its log."""
-    from worldloop.rl.trainer import since_first_line
+    from worldloop.rl.summary import since_first_line
 
     def check(iteration: int, real: str, imagined: str) -> dict:
         return {"iteration": iteration, "real": {"per_task": {"door": {"episodes": 4}, "drawer": {"episodes": 4}}},
@@ -571,7 +576,7 @@ def test_the_imagined_episodes_actions_are_done_in_the_simulator():
     """From the true initial states, a faithful world model's imagined actions succeed in the simulator where
     imagination said they would; imagination begun from other episodes' first frames chose actions for other
     states, and done from the true ones they agree with its verdicts only by chance."""
-    from worldloop.rl.trainer import imagined_actions_line
+    from worldloop.rl.summary import imagined_actions_line
 
     torch.manual_seed(0)
     policy, episodes = ToyPolicy(), 96
@@ -613,7 +618,7 @@ class NoisyToyWorldModel(ToyWorldModel):
 def test_the_imagined_actions_again_under_other_noise_say_whether_actions_or_noise_decide():
     """A deterministic world model gives the same verdicts again; one that the noise drives agrees with itself only by
     chance; the option is off by default and needs the imagined environment."""
-    from worldloop.rl.trainer import imagination_repeat_line
+    from worldloop.rl.summary import imagination_repeat_line
 
     torch.manual_seed(0)
     policy, episodes = ToyPolicy(), 96
@@ -636,7 +641,7 @@ def test_rl_shows_and_logs_the_imagined_episodes_actions_in_the_simulator_and_in
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     check = RealityCheck(ToyEnv(8), [TASK], 8, imagined_env=imagined(8, 1), imagined_actions_in_reality=True, imagination_repeat=True)
-    train(ToyPolicy(), imagined(32, 8), config(iterations=1, eval_every=1), tmp_path / "run", reality_check=check, progress_bar=False)
+    train_watched(ToyPolicy(), imagined(32, 8), config(iterations=1, eval_every=1), tmp_path / "run", reality_check=check, progress_bar=False)
     console = capsys.readouterr().out
     assert "the imagined episodes' actions done in the simulator: " in console
     assert "the imagined episodes' actions in imagination again, other world-model noise: " in console
@@ -701,7 +706,7 @@ def test_a_reality_observed_through_the_vae_says_so_and_is_not_reconstructed_aga
     from _worldmodel_fixtures import tiny_vae
 
     from worldloop.envs.codec import CodecObservations
-    from worldloop.rl.trainer import results_table
+    from worldloop.rl.summary import results_table
 
     episodes, vae = 4, tiny_vae()
     env = imagined(episodes, 1)
@@ -732,7 +737,8 @@ def test_the_gap_is_traced_to_the_judge_or_the_world_model():
     and its world model replaying the real action chunks open loop. A lenient judge shows at the first,
     a world model that moves the dot to the target whatever the actions at the second; a faithful pair
     tracks the simulator at both."""
-    from worldloop.rl.trainer import EXPLOITED, OPTIMISTIC, gap_source, imagination_gap_diagnosis, results_table, world_model_exploited_diagnosis
+    from worldloop.diagnostics.warnings import EXPLOITED, OPTIMISTIC, gap_source, imagination_gap_diagnosis, world_model_exploited_diagnosis
+    from worldloop.rl.summary import results_table
 
     torch.manual_seed(0)
     policy, episodes = ToyPolicy(), 64
@@ -774,12 +780,12 @@ def test_a_lenient_judge_is_recalibrated_on_the_base_policys_replayed_episodes(t
     simulator on the evaluation's episodes (other initial states). A resumed run reads the saved threshold.
     Where no threshold agrees beyond chance (a world model blind to the actions), the threshold stays, and
     rl.train_tasks=tracked finds no task to train on."""
-    from worldloop.commands.rl import calibrate_threshold, tracked_tasks
+    from worldloop.diagnostics.reality import calibrate_threshold, tracked_tasks
     from worldloop.config import ConfigError
     from worldloop.rl.configuration import RLConfig
     from worldloop.rl.rollout import LabelledEpisodes
 
-    rl = RLConfig()  # judge_threshold_tolerance_se 1, judge_threshold_significance_se 2
+    rl, calibrate = RLConfig(), CalibrateConfig()  # threshold_tolerance_se 1, threshold_significance_se 2
 
     torch.manual_seed(0)
     policy, episodes = ToyPolicy(), 64
@@ -828,17 +834,17 @@ def test_a_lenient_judge_is_recalibrated_on_the_base_policys_replayed_episodes(t
     assert "no threshold's verdicts agree with the simulator's more than 2 SE beyond chance" in blind_result["kept_because"]
     assert "judge threshold 0.001 kept: no threshold's verdicts agree" in printed and "WARNING at the judge's threshold" in printed, printed
     # rl.train_tasks=tracked: the calibration's own per-task kappa decides where RL trains
-    assert tracked_tasks(saved, [TASK], rl.judge_threshold_significance_se) == [TASK] and TASK in capsys.readouterr().out
-    assert tracked_tasks(saved, [TASK, "reach-v3"], rl.judge_threshold_significance_se) == [TASK]  # reach-v3 was not calibrated
+    assert tracked_tasks(saved, [TASK], calibrate.threshold_significance_se) == [TASK] and TASK in capsys.readouterr().out
+    assert tracked_tasks(saved, [TASK, "reach-v3"], calibrate.threshold_significance_se) == [TASK]  # reach-v3 was not calibrated
     with pytest.raises(ConfigError, match="no task's replays agree with the simulator more than 2 SE"):
-        tracked_tasks(blind_result, [TASK], rl.judge_threshold_significance_se)
+        tracked_tasks(blind_result, [TASK], calibrate.threshold_significance_se)
     with pytest.raises(ValueError, match="train_tasks 'tracked'"):
         RLConfig(train_tasks="tracked").validate()
 
 
 class SqueezedOn(ToyJudge):
     """The toy judge with one task's scores squeezed toward 1 (score ** 0.001): the same order within each task
-    on another scale, as a judge may score one task's imagined frames (door-open's replays in the
+    on another scale, as a judge may score one task's imagined frames (door-open's replays in the nineteenth H200
     2026-12-03 one-threshold-for-all-tasks run agreed with the simulator around 0.9, button-press-topdown's around 0.998)."""
 
     def __init__(self, task: str, **kwargs):
@@ -852,11 +858,11 @@ class SqueezedOn(ToyJudge):
 
 
 def test_each_task_gets_a_threshold_of_its_own_where_one_for_all_fits_neither(tmp_path, capsys):
-    """rl.judge_threshold_per_task: where a judge scores two tasks on different scales, one threshold for all
+    """rl.diagnostics.threshold_per_task: where a judge scores two tasks on different scales, one threshold for all
     sits where one task's verdicts agree with the simulator less; each task's own episodes choose one that
     agrees within the task. The judge holds them per instruction, the imagined environment judges by them,
     a resumed run reads them back, and rl.train_tasks=tracked judges each task at its own."""
-    from worldloop.commands.rl import calibrate_threshold, tracked_tasks
+    from worldloop.diagnostics.reality import calibrate_threshold, tracked_tasks
     from worldloop.envs.toy import TARGETS
 
     torch.manual_seed(0)
@@ -889,10 +895,11 @@ def test_each_task_gets_a_threshold_of_its_own_where_one_for_all_fits_neither(tm
     at_one = judged_on_real_frames()
     assert min(at_own) > min(at_one), (at_own, at_one)
     # rl's calibration step: saved, printed, plotted with each task's own mark, read back by a resumed run
-    rl = RLConfig(judge_threshold="replay", judge_threshold_per_task=True, judge_threshold_tolerance_se=0.0)
+    rl = RLConfig(judge_threshold="replay", diagnostics=RLDiagnosticsConfig(threshold_per_task=True))
+    calibrate = CalibrateConfig(threshold_tolerance_se=0.0)
     judge.threshold, judge.task_thresholds = 0.5, {}
     path = tmp_path / "judge_calibration.json"
-    saved = calibrate_threshold(calibration, policy, judge, rl, path)  # new real episodes: thresholds near, not equal to, own's
+    saved = calibrate_threshold(calibration, policy, judge, rl, path, calibrate)  # new real episodes: thresholds near, not equal to, own's
     top, bottom = saved["task_thresholds"]["reach-top-right"], saved["task_thresholds"]["reach-bottom-left"]
     assert top < 0.99 < bottom and json.loads(path.read_text())["instruction_thresholds"] == judge.task_thresholds != {}
     assert f"per task: reach-top-right {top:.3f}, reach-bottom-left {bottom:.3f}" in capsys.readouterr().out
@@ -900,9 +907,9 @@ def test_each_task_gets_a_threshold_of_its_own_where_one_for_all_fits_neither(tm
     judge.threshold, judge.task_thresholds = 0.5, {}
     calibrate_threshold(None, policy, judge, rl, path)
     assert judge.threshold == saved["threshold"] and judge.task_thresholds == saved["instruction_thresholds"]
-    assert tracked_tasks(saved, tasks, rl.judge_threshold_significance_se) == tasks
-    with pytest.raises(ValueError, match="judge_threshold_per_task chooses thresholds as rl.judge_threshold 'replay' does"):
-        RLConfig(judge_threshold_per_task=True).validate()
+    assert tracked_tasks(saved, tasks, calibrate.threshold_significance_se) == tasks
+    with pytest.raises(ValueError, match="diagnostics.threshold_per_task chooses thresholds as rl.judge_threshold 'replay' does"):
+        RLConfig(diagnostics=RLDiagnosticsConfig(threshold_per_task=True)).validate()
 
 
 def test_a_reality_check_across_resolutions_is_refused_before_it_runs():
@@ -913,7 +920,7 @@ def test_a_reality_check_across_resolutions_is_refused_before_it_runs():
 def test_a_gap_that_neither_the_judge_nor_the_replay_shows_is_the_closed_loop():
     rate = lambda r: {"success_once": r, "stderr": 0.03}  # noqa: E731
     result = {"real": rate(0.3), "imagined": rate(0.7), "gap_sources": {"judged_real": rate(0.32), "replayed": rate(0.36)}}
-    from worldloop.rl.trainer import gap_source
+    from worldloop.diagnostics.warnings import gap_source
 
     assert gap_source(result) == ("the judge on the real frames 0.32, the world model replaying the real actions 0.36, near the real rate: "
                                   "the gap arises in the closed loop, where the policy acts on imagined frames")  # fmt: skip
@@ -927,7 +934,7 @@ def test_world_model_exploitation_needs_a_faithful_start_a_significant_fall_and_
     """The 2026-12-02 replay-calibrated-judge run's door-open: the replay agreed with the simulator at kappa 0.50 at
     iteration 0 and at -0.20 at iteration 44, saying 0.59 where the simulator said 0.13. No warning when the
     start was not faithful (drawer-open, 0.09), the fall is within two standard errors, or the replay says less."""
-    from worldloop.rl.trainer import EXPLOITED, world_model_exploited_diagnosis
+    from worldloop.diagnostics.warnings import EXPLOITED, world_model_exploited_diagnosis
 
     def evaluation(iteration, kappa, replayed, real, stderr=0.09):
         return {"iteration": iteration, "real": {"per_task": {"door": {"success_once": real}}},
@@ -947,7 +954,7 @@ def test_world_model_exploitation_needs_a_faithful_start_a_significant_fall_and_
 def test_a_gain_in_imagination_alone_is_named():
     """The 2026-12-03 vae-changes-first-choices run's drawer-open: imagined 4 -> 76 of 80 episodes, real 33 -> 32. No warning
     when reality rose too, when the imagined gain is within 3 paired standard errors, or without per-episode verdicts."""
-    from worldloop.rl.trainer import IMAGINED_ONLY, imagined_only_gain_diagnosis
+    from worldloop.diagnostics.warnings import IMAGINED_ONLY, imagined_only_gain_diagnosis
 
     def evaluation(iteration, imagined, real, n=80):
         verdicts = {"imagined": "1" * imagined + "0" * (n - imagined), "real": "1" * real + "0" * (n - real)}
@@ -980,7 +987,7 @@ def scripted_check(tasks: list[str], imagined_successes: Callable[[int, str], in
 
 
 def test_a_task_that_gains_in_imagination_only_is_dropped_from_training_and_stays_dropped(tmp_path):
-    """rl.drop_imagined_only: from the check that finds bottom-left's imagined success up from 2 to 38 of 40 with
+    """rl.diagnostics.drop_imagined_only: from the check that finds bottom-left's imagined success up from 2 to 38 of 40 with
     its real one flat, training starts only top-right's groups; a resumed run keeps it dropped; a run whose every
     task is dropped stops."""
     tasks = ["reach-top-right", "reach-bottom-left"]
@@ -992,27 +999,27 @@ def test_a_task_that_gains_in_imagination_only_is_dropped_from_training_and_stay
             started.append(sorted(set(task_ids)))
             return super().reset(task_ids, seeds)
 
-    rl = config(iterations=4, eval_every=1, drop_imagined_only=True)
+    rl = config(iterations=4, eval_every=1, diagnostics=RLDiagnosticsConfig(drop_imagined_only=True))
     by_id = {task: index for index, task in enumerate(tasks)}.get  # the check's task names -> the training env's ids
-    results = train(ToyPolicy(), Recorded(32, tasks=tasks), rl, tmp_path / "run", tasks=[0, 1], reality_check=check, console=False, training_task_of=by_id)
+    results = train_watched(ToyPolicy(), Recorded(32, tasks=tasks), rl, tmp_path / "run", tasks=[0, 1], reality_check=check, console=False, training_task_of=by_id)
     assert started == [[0, 1], [0, 1], [0], [0]]  # iterations 1 and 2 both tasks; 3 and 4 only top-right
     assert results["dropped_tasks"] == {"1": 2} and [h["rollout/training_tasks"] for h in results["history"]] == [2, 2, 1, 1]
-    assert any(w["message"].startswith("dropped from training at iteration 2: 1 (success rising in imagination only; rl.drop_imagined_only); training goes on with 0") for w in results["warnings"])
+    assert any(w["message"].startswith("dropped from training at iteration 2: 1 (success rising in imagination only; rl.diagnostics.drop_imagined_only); training goes on with 0") for w in results["warnings"])
     started.clear()
-    resumed = train(ToyPolicy(), Recorded(32, tasks=tasks), dataclasses.replace(rl, iterations=5), tmp_path / "run", tasks=[0, 1], reality_check=check,
+    resumed = train_watched(ToyPolicy(), Recorded(32, tasks=tasks), dataclasses.replace(rl, iterations=5), tmp_path / "run", tasks=[0, 1], reality_check=check,
                     console=False, training_task_of=by_id)  # fmt: skip
     assert started == [[0]] and resumed["dropped_tasks"] == {"1": 2}
-    alone = train(ToyPolicy(), Recorded(32, tasks=tasks), rl, tmp_path / "alone", tasks=["reach-bottom-left"],
+    alone = train_watched(ToyPolicy(), Recorded(32, tasks=tasks), rl, tmp_path / "alone", tasks=["reach-bottom-left"],
                   reality_check=scripted_check(["reach-bottom-left"], lambda iteration, task: 38 if iteration >= 2 else 2), console=False)  # fmt: skip
     assert alone["iterations"] == 2 and alone["dropped_tasks"] == {"reach-bottom-left": 2}
     assert "no task is left: training stops" in alone["warnings"][-1]["message"]
-    off = train(ToyPolicy(), Recorded(32, tasks=tasks), config(iterations=3, eval_every=1), tmp_path / "off", tasks=[0, 1], reality_check=check, console=False)
+    off = train_watched(ToyPolicy(), Recorded(32, tasks=tasks), config(iterations=3, eval_every=1), tmp_path / "off", tasks=[0, 1], reality_check=check, console=False)
     assert off["iterations"] == 3 and off["dropped_tasks"] == {}  # without the option: only the warning
 
 
 def test_a_task_that_imagination_does_not_track_is_named_even_when_the_overall_kappa_is_fine():
     """The 2026-12-02 replay-calibrated-judge run at iteration 0: kappa 0.28 overall, door-open 0.50 and drawer-open 0.05."""
-    from worldloop.rl.trainer import UNTRACKED, imagination_tracking_diagnosis
+    from worldloop.diagnostics.warnings import UNTRACKED, imagination_tracking_diagnosis
 
     tasks = {"door-open-v3": {"episodes": 100}, "drawer-open-v3": {"episodes": 100}}
     result = {"kappa": 0.28, "kappa_stderr": 0.07, "agreement": 0.66, "agreement_by_chance": 0.53, "real": {"episodes": 200, "per_task": tasks},
@@ -1049,7 +1056,7 @@ def test_the_reality_check_also_measures_imagination_from_keyframes():
     """keyframe_env: the same episodes' imagined success from KIR keyframes of their task, with the episode's seeds,
     so the same keyframes and noise at every evaluation (identical verdicts for an unchanged greedy policy); paired
     from the first evaluation to the last like the first-frame one; a keyframe env of another size is refused."""
-    from worldloop.rl.trainer import paired_change_rows
+    from worldloop.rl.summary import paired_change_rows
 
     torch.manual_seed(0)
     episodes = 12

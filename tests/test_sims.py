@@ -20,6 +20,8 @@ from worldloop.sims.experts import ExpertPlan, plan_episode
 from worldloop.sims.metaworld import MetaWorldVecEnv
 from worldloop.sims.tasks import INSTRUCTIONS, check_task, instruction, resolve_tasks, suite_tasks
 
+F, T = False, True
+
 MT10 = [
     "reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-open-v3",
     "drawer-close-v3", "button-press-topdown-v3", "peg-insert-side-v3", "window-open-v3", "window-close-v3",
@@ -139,6 +141,31 @@ def test_clean_expert_succeeds_on_three_mt10_tasks():
         out, actions = env.step_expert()
         assert out.done.all() and torch.equal(env.elapsed_steps, steps) and (actions == 0).all()
         assert torch.equal(out.frames[:, 0], out.frames[:, -1]) and (out.reward == 0).all()
+
+
+def test_a_success_reached_and_lost_within_a_chunk_is_credited():
+    """R is 'has succeeded by the end of the chunk': a success at step 2 of a 4-step chunk that is gone by
+    step 4 earns c once (the loss mask closes at that chunk, so S = c), and nothing more later."""
+    env = MetaWorldVecEnv(sim_config(chunk_size=4), num_envs=2)
+    env._started = True  # the worker's results are made up below; no scene is simulated
+    chunks = [
+        [[F, T, F, F], [F, F, F, F]],  # env 0: success mid-chunk, lost by its end
+        [[F, F, F, F], [F, F, F, T]],  # env 1: success at the chunk's last step
+        [[F, F, F, F], [T, T, T, T]],
+    ]
+
+    def fake_call(command, payloads):
+        success = torch.tensor(chunks.pop(0)).numpy()
+        return {"frames": torch.zeros(2, 4, 64, 64, 3, dtype=torch.uint8).numpy(), "success": success, "done": success.copy() & False,
+                "state": torch.zeros(2, 4, 39).numpy(), "actions": torch.zeros(2, 4, 4).numpy(), "steps": torch.zeros(2, dtype=torch.int64).numpy()}
+
+    env._call = fake_call
+    try:
+        rewards = [env.step(torch.zeros(2, 4, 4)).reward.tolist() for _ in range(3)]
+    finally:
+        env.close()
+    c = env.config.reward_scale
+    assert rewards == [[c, 0.0], [0.0, c], [0.0, 0.0]]
 
 
 def test_noisy_expert_produces_failures():

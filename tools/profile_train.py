@@ -63,7 +63,9 @@ def vae_step_fn(cfg, image, batch, channels_last=False, compile_=False):
     vcfg = dataclasses.replace(cfg.vae, spatial_downsamples=(3 if image >= 128 else 2) if "down" not in os.environ else int(os.environ["down"]))
     vae = vae_lib.build_vae(vcfg).to(dev).train()
     layout = torch.channels_last_3d if channels_last else torch.contiguous_format
-    vae_lib.set_memory_format(vae, layout)
+    for module in vae.modules():  # the 3D convolutions' weights in the layout; activations follow the input's
+        if isinstance(module, torch.nn.Conv3d):
+            module.to(memory_format=layout)
     opt = torch.optim.AdamW(vae.parameters(), lr=1e-4, fused=True)
     frames_cpu = torch.randint(0, 256, (batch, 13, image, image, 3), dtype=torch.uint8)
 

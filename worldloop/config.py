@@ -66,7 +66,7 @@ class LoopConfig:
     gate_episodes_per_task: int = 16
     """The fidelity gate (`worldloop gate`, before RL): real episodes of the base policy per task, replayed in the world model."""
     gate_min_kappa: float | None = 0.6
-    """The fidelity gate: the judge-on-replay kappa a task needs (and more than rl.judge_threshold_significance_se standard
+    """The fidelity gate: the judge-on-replay kappa a task needs (and more than reward.calibrate.threshold_significance_se standard
     errors above chance) for RL to train on it; null: the gate measures and reports, RL trains on every task."""
     time_budget_min: float = 0.0
     """Wall-clock minutes for the whole loop (`loop --time-budget`): the RL stages get what the stages before them
@@ -364,3 +364,15 @@ def missing_docs(cls: type = Config, prefix: str = "") -> list[str]:
         if dataclasses.is_dataclass(hints[f.name]):
             missing.extend(missing_docs(hints[f.name], f"{prefix}{f.name}."))
     return missing
+
+
+def leaf_fields(cls: type = Config, prefix: str = "") -> list[str]:
+    """Dotted names of every leaf field (a knob a preset or override can set): ``rl.lr``, ``sim.image_size``, ..."""
+    hints = typing.get_type_hints(cls)
+    leaves = []
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            leaves.extend(leaf_fields(hints[f.name], f"{prefix}{f.name}."))
+        else:
+            leaves.append(prefix + f.name)
+    return leaves

@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=None, help="worker-process counts to compare (default: 1 and sim.num_workers)")
     parser.add_argument("--steps", type=int, default=48, help="timed steps per environment at each setting (default: 48)")
     parser.add_argument("--envs-per-worker", type=int, default=2, help="environments per worker process (default: 2)")
+    parser.add_argument("--models", nargs="+", default=["tiny"], choices=("tiny", "small", "wan2.2-5b"),
+                        help="wm: world-model dimensions to measure, random weights (default: tiny)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64], help="wm: environments per step (default: 1 8 64)")
     parser.add_argument("--out", default=None, help="also write the table to this text file")
 
 

@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--split",
         choices=("all", "held_out"),
         default="all",
-        help="held_out: only the episodes train-reward held out (same seed and reward.classifier.held_out_fraction)",
+        help="held_out: only the episodes train-reward held out (same seed and reward.training.held_out_fraction)",
     )
     parser.add_argument("--world-model", default=None, help="a train-wm folder: also judge these episodes replayed in it")
 
@@ -35,12 +35,12 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from worldloop.config import save_config
     from worldloop.data.dataset import TrajectoryDataset, split_episodes
     from worldloop.rewards.calibrate import calibrate
-    from worldloop.rewards.protocol import load_judge
+    from worldloop.rewards import load_judge
     from worldloop.utils.device import resolve_device
 
     dataset = TrajectoryDataset(args.dataset)
     if args.split == "held_out":
-        indices = np.asarray(split_episodes(dataset, config.reward.classifier.held_out_fraction, seed=config.seed)[1])
+        indices = np.asarray(split_episodes(dataset, config.reward.training.held_out_fraction, seed=config.seed)[1])
     else:
         indices = np.arange(dataset.num_episodes)
     if len(indices) == 0:

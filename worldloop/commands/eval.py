@@ -30,7 +30,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
     from worldloop.config import save_config
     from worldloop.policies import load_policy
-    from worldloop.policies.evaluate import evaluate_policy, evaluation_seeds, paired_eval_change, results_table
+    from worldloop.rl.evaluate import evaluate_policy, evaluation_seeds, paired_eval_change, results_table
     from worldloop.sims.tasks import resolve_tasks
     from worldloop.utils.device import resolve_device
     from worldloop.utils.io import atomic_write_json

@@ -13,7 +13,7 @@ episodes of --policy (initial states apart from the evaluations'), their actions
 --world-model and judged by --judge. The judge's threshold is chosen on these replays (as rl.judge_threshold=replay
 does), and each task's Cohen's kappa between the replays' verdicts and the simulator's says whether imagination
 tracks reality there. A task passes when its kappa is at least loop.gate_min_kappa and more than
-rl.judge_threshold_significance_se standard errors above chance; RL in the loop trains only on the tasks that pass.
+reward.calibrate.threshold_significance_se standard errors above chance; RL in the loop trains only on the tasks that pass.
 OUT gets gate.json (every number, the passing tasks, why the others fail), gate.md (the table) and
 judge_calibration.json/.png (the threshold's choice).
 Example: worldloop gate --policy runs/mw/policy_base --world-model runs/mw/wm_base --judge runs/mw/judge \\
@@ -38,10 +38,10 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
     import torch
 
-    from worldloop.commands.rl import calibrate_threshold, load_rl_judge, reality_check
     from worldloop.commands.shared import load_world_model
     from worldloop.config import save_config
     from worldloop.data.dataset import TrajectoryDataset
+    from worldloop.diagnostics.reality import calibrate_threshold, load_rl_judge, reality_check
     from worldloop.policies import EXPERT, load_policy
     from worldloop.sims.tasks import check_task, resolve_tasks
     from worldloop.utils.device import resolve_device
@@ -62,11 +62,11 @@ def run(args: argparse.Namespace, config: Config) -> int:
     closers: list = []
     try:
         check = reality_check(gate_config, tasks, world_model, judge, TrajectoryDataset(args.dataset), device, closers, first_episode=FIRST_EPISODE)
-        calibration = calibrate_threshold(check, policy, judge, config.rl, out / "judge_calibration.json")
+        calibration = calibrate_threshold(check, policy, judge, config.rl, out / "judge_calibration.json", config.reward.calibrate)
     finally:
         for env in closers:
             env.close()
-    result = gate_verdicts(calibration, config.loop.gate_min_kappa, config.rl.judge_threshold_significance_se)
+    result = gate_verdicts(calibration, config.loop.gate_min_kappa, config.reward.calibrate.threshold_significance_se)
     atomic_write_json(out / "gate.json", result)
     atomic_write_text(out / "gate.md", gate_table(result) + "\n")
     print(gate_table(result))

@@ -7,7 +7,7 @@ import argparse
 from worldloop.config import Config
 
 HELP = (
-    "Train the ResNet-18 success classifier (reward.classifier.*) on a dataset's success labels; "
+    "Train the ResNet-18 success classifier (reward.classifier.*, trained as reward.training.* says) on a dataset's success labels; "
     "writes the judge to OUT/model, held-out AUROC/precision/recall to OUT/metrics.json, TensorBoard to OUT/tb. "
     "With --world-model, the world model's open-loop replays of the training episodes join the training frames "
     "with the simulator's labels (the judge then knows the frames it will judge in RL), and held-out replays are "
@@ -29,7 +29,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from worldloop.rewards.train import train_classifier
     from worldloop.utils.device import resolve_device
 
-    settings = config.reward.classifier
+    settings = config.reward.training
     datasets = [TrajectoryDataset(folder) for folder in args.dataset]
     splits = [split_episodes(dataset, settings.held_out_fraction, seed=config.seed) for dataset in datasets]
     held_out_ids = [i for _, held in splits for i in held]
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
         f"{len(held_out) if held_out else 0} held-out frames from {len(held_out_ids)} episodes"
     )
     threshold_on = "held_out_imagined" if "held_out_imagined" in also_evaluate else "held_out"
-    metrics = train_classifier(train, held_out, settings, args.out, device, seed=config.seed, also_evaluate=also_evaluate,
+    metrics = train_classifier(train, held_out, config.reward, args.out, device, seed=config.seed, also_evaluate=also_evaluate,
                                threshold_on=threshold_on, verdict_every=config.sim.chunk_size)  # fmt: skip
     report = metrics["held_out"] or metrics["train"]
     which = "held-out" if metrics["held_out"] else "train (no held-out episodes)"

@@ -107,8 +107,8 @@ def initial_states_from_dataset(dataset: Any, episodes: Sequence[int] | None = N
 
 
 def initial_states_from_keyframes(folder: str | Path) -> InitialStates:
-    """KIR keyframes written by ``worldloop kir`` (see :mod:`worldloop.rl.kir`)."""
-    from worldloop.rl.kir import load_keyframes
+    """KIR keyframes written by ``worldloop kir`` (see :mod:`worldloop.data.keyframes`)."""
+    from worldloop.data.keyframes import load_keyframes
 
     keyframes = load_keyframes(folder)
     count = len(keyframes["entries"])

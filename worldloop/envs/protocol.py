@@ -39,7 +39,8 @@ class EnvStep:
     done: torch.Tensor
     """(N, K) bool: True from the action at which the episode ended (success or time limit) on."""
     reward: torch.Tensor
-    """(N,) float32: the chunk's reward, c * (R_after - R_before) with R the success signal."""
+    """(N,) float32: the chunk's reward, c * (R_after - R_before), R the success signal (the real simulator: succeeded
+    at any step so far, so a success reached mid-chunk is credited even when lost by the chunk's end)."""
     truncated: torch.Tensor
     """(N,) bool: the episode ended in this chunk by the time limit, not by success."""
     state: torch.Tensor | None = None

@@ -1,4 +1,4 @@
-"""Policies: the Policy protocol, the action tokenizer, the compact VLA, SFT and evaluation.
+"""Policies: the Policy protocol, the action tokenizer, the compact VLA and SFT (evaluation: worldloop.rl.evaluate).
 
 Importing this package is light; :func:`load_policy` imports the model code.
 """
@@ -12,14 +12,15 @@ EXPERT = "expert"
 
 
 def load_policy(path: str | Path, device="cpu"):
-    """A policy from a model folder (``config.json`` says its kind), or :data:`EXPERT` for ``"expert"``."""
+    """A policy from a model folder, or :data:`EXPERT` for ``"expert"``. The folder's config.json names its
+    ``kind``: a policy registered in :data:`worldloop.utils.registry.POLICIES` or a ``"package.module:Class"``."""
     if str(path) == EXPERT:
         return EXPERT
-    from worldloop.policies.modeling_vla import KIND, CompactVLA
     from worldloop.utils.device import resolve_device
     from worldloop.utils.pretrained import read_model_config
+    from worldloop.utils.registry import POLICIES
 
     kind = read_model_config(path).get("kind")
-    if kind == KIND:
-        return CompactVLA.from_pretrained(path, resolve_device(str(device)) if isinstance(device, str) else device)
-    raise ValueError(f"{Path(path) / 'config.json'} holds a '{kind}' model; load_policy knows: {KIND}")
+    if kind is None:
+        raise ValueError(f"{Path(path) / 'config.json'} names no 'kind': cannot tell which policy it holds")
+    return POLICIES.get(kind).from_pretrained(path, resolve_device(str(device)) if isinstance(device, str) else device)

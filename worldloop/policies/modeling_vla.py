@@ -352,3 +352,16 @@ class CompactVLA(nn.Module):
                 f"{len(convolutions)} convolutions have no tensor of the same name and shape there, e.g. {unmatched[:3]}"
             )
         self.vision.load_state_dict(matched, strict=False)
+
+
+def with_value_head(policy):
+    """PPO needs values: a CompactVLA without a value head gets a fresh one (the rest of its weights kept)."""
+    if not isinstance(policy, CompactVLA) or policy.value_head is not None:
+        return policy
+    config = dataclasses.replace(policy.config, value_head=True)
+    new = CompactVLA(config, policy.action_dim, policy.image_size, policy.tokenizer, policy.instructions, policy.text_dim, load_vision_weights=False)
+    missing, unexpected = new.load_state_dict(policy.state_dict(), strict=False)
+    if unexpected or any(not name.startswith("value_") for name in missing):
+        raise ValueError(f"cannot add a value head to this policy: missing {missing}, unexpected {unexpected}")
+    print("rl: the policy has no value head; PPO starts one from scratch")
+    return new.to(policy.device)

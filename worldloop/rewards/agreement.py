@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from worldloop.rewards.calibrate import calibration_metrics, score_windows
+from worldloop.rewards.scoring import calibration_metrics, score_windows
 from worldloop.rewards.configuration import CalibrateConfig
 from worldloop.rewards.metrics import episode_verdict_metrics, per_episode
 from worldloop.rewards.protocol import Judge

@@ -46,7 +46,7 @@ class SuccessClassifier(nn.Module):
         self.conditioning = conditioning
         self.input_size = int(input_size)
         self.threshold = float(threshold)
-        self.task_thresholds: dict[str, float] = {}  # rl.judge_threshold_per_task's, not saved
+        self.task_thresholds: dict[str, float] = {}  # rl.diagnostics.threshold_per_task's, not saved
         self.image_size = image_size  # side of the frames it was trained on (None: unknown, older folders)
         self.backbone = torchvision.models.resnet18(weights=None)
         self.backbone.fc = nn.Identity()
@@ -135,8 +135,9 @@ class SuccessClassifier(nn.Module):
         return save_model_folder(folder, self.config_dict(), self)
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path, device: torch.device | str = "cpu") -> "SuccessClassifier":
-        """Load a model folder, or a ``train-reward`` run folder holding one in ``model/``."""
+    def from_pretrained(cls, folder: str | Path, device: torch.device | str = "cpu", config: object = None) -> "SuccessClassifier":
+        """Load a model folder, or a ``train-reward`` run folder holding one in ``model/``; the classifier keeps the
+        threshold and input size it was saved with (``config``, a RewardConfig, is not read)."""
         folder = Path(folder)
         if not (folder / "config.json").is_file() and (folder / MODEL_SUBFOLDER / "config.json").is_file():
             folder = folder / MODEL_SUBFOLDER

@@ -8,7 +8,7 @@ from typing import Literal
 
 @dataclass
 class ClassifierConfig:
-    """ResNet-18 success classifier on single frames (``worldloop train-reward``)."""
+    """ResNet-18 success classifier on single frames: what is saved with it (training: ClassifierTrainingConfig)."""
 
     pretrained_backbone: str = ""
     """Local file of torchvision ResNet-18 weights (.pth state dict or .safetensors) to start from; '' = random init."""
@@ -18,8 +18,17 @@ class ClassifierConfig:
     """Side in pixels the frames are resized to before the network (on the device)."""
     threshold: float = 0.5
     """P(success) at or above which a frame counts as success; kept in the saved judge (0.5 = the seed's rounding)."""
+    def validate(self) -> None:
+        if self.input_size < 16 or not 0 < self.threshold < 1:
+            raise ValueError("classifier: input_size >= 16 and 0 < threshold < 1 are required")
+
+
+@dataclass
+class ClassifierTrainingConfig:
+    """How ``worldloop train-reward`` trains the classifier (nothing of it is saved with the judge)."""
+
     threshold_from: Literal["fixed", "max_f1", "youden", "episode_kappa"] = "fixed"
-    """'fixed': keep `threshold`. 'max_f1' / 'youden': after training, the saved judge's threshold is the one that
+    """'fixed': keep reward.classifier.threshold. 'max_f1' / 'youden': after training, the saved judge's threshold is the one that
     maximises F1 / Youden's J on the held-out frames: the world model's replays of them when train-reward has
     --world-model (the frames the judge reads in RL), else the real ones. Class-balanced batches teach a 50 %
     prior, so 0.5 fires too often on real data, where success frames are rare. 'episode_kappa': the same
@@ -27,17 +36,6 @@ class ClassifierConfig:
     one verdict per sim.chunk_size frames); the threshold whose verdicts agree best with the simulator's
     beyond chance (Cohen's kappa within tasks). A frame-level threshold ignores that a false positive in any
     of an episode's ~20 verdicts makes it a success."""
-    threshold_tolerance_se: float = 1.0
-    """'episode_kappa': of the thresholds whose kappa lies within this many standard errors of the best, the
-    highest; 0: the best itself. On ~80 held-out episodes kappa's standard error is ~0.15, so its argmax is
-    noise: the 2026-12-02 gap-sources-blame-the-judge run's landed on 0.125 (kappa 0.22 +- 0.17), whose judge then passed 11 of the
-    base policy's 12 failed rollouts' replays and 0.90 of its real episodes (real 0.45), and RL learned to
-    fail in ways it passed. RL is paid for a false success and only loses signal on a missed one."""
-    threshold_significance_se: float = 1.0
-    """'episode_kappa': only thresholds whose kappa is above 0 by more than this many standard errors are
-    chosen; where none is, `threshold` stays (where no threshold agrees beyond chance, the highest one, which
-    passes a single episode at kappa ~0, would win). Lower than rl.judge_threshold_significance_se (2) because
-    ~80 held-out episodes give kappa a standard error of ~0.15, and rl's replay calibration comes after."""
     steps: int = 300
     """Optimizer steps of training."""
     batch_size: int = 64
@@ -62,18 +60,14 @@ class ClassifierConfig:
     """Cap on labelled frames held in memory (uint8); episodes beyond it are not read."""
 
     def validate(self) -> None:
-        if self.input_size < 16 or self.steps < 1 or self.batch_size < 2 or self.eval_every < 1 or self.max_frames < 2:
-            raise ValueError("classifier: input_size >= 16, steps >= 1, batch_size >= 2, eval_every >= 1, max_frames >= 2 are required")
+        if self.steps < 1 or self.batch_size < 2 or self.eval_every < 1 or self.max_frames < 2:
+            raise ValueError("training: steps >= 1, batch_size >= 2, eval_every >= 1, max_frames >= 2 are required")
         if self.threshold_from not in ("fixed", "max_f1", "youden", "episode_kappa"):
-            raise ValueError(f"classifier: threshold_from must be 'fixed', 'max_f1', 'youden' or 'episode_kappa', got {self.threshold_from!r}")
-        if not 0 < self.threshold < 1 or not 0 <= self.held_out_fraction < 1 or not 0 <= self.blur_prob <= 1:
-            raise ValueError("classifier: 0 < threshold < 1, 0 <= held_out_fraction < 1 and 0 <= blur_prob <= 1 are required")
-        if self.threshold_tolerance_se < 0:
-            raise ValueError(f"classifier: threshold_tolerance_se must be >= 0, got {self.threshold_tolerance_se}")
-        if self.threshold_significance_se < 0:
-            raise ValueError(f"classifier: threshold_significance_se must be >= 0, got {self.threshold_significance_se}")
+            raise ValueError(f"training: threshold_from must be 'fixed', 'max_f1', 'youden' or 'episode_kappa', got {self.threshold_from!r}")
+        if not 0 <= self.held_out_fraction < 1 or not 0 <= self.blur_prob <= 1:
+            raise ValueError("training: 0 <= held_out_fraction < 1 and 0 <= blur_prob <= 1 are required")
         if self.lr <= 0 or self.weight_decay < 0 or self.jitter < 0 or self.noise_std < 0:
-            raise ValueError("classifier: lr > 0 and weight_decay, jitter, noise_std >= 0 are required")
+            raise ValueError("training: lr > 0 and weight_decay, jitter, noise_std >= 0 are required")
 
 
 @dataclass
@@ -88,8 +82,6 @@ class TOPRewardConfig:
     """Frame rate the window's timestamps claim in the prompt ('<0.2 seconds>' ...), in frames per second."""
     max_batch: int = 32
     """Largest number of windows in one forward pass; bigger batches are split (bounds GPU memory)."""
-    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
-    """Attention kernel transformers uses for Qwen3-VL."""
 
     def validate(self) -> None:
         if not 0 < self.threshold < 1 or self.window < 2 or self.window % 2 or self.video_fps <= 0 or self.max_batch < 1:
@@ -106,10 +98,24 @@ class CalibrateConfig:
     """Episodes read from the dataset (spread evenly over it)."""
     batch_size: int = 32
     """Windows scored per judge call."""
+    threshold_tolerance_se: float = 1.0
+    """Wherever a threshold is chosen by the kappa of per-episode verdicts against the simulator's (train-reward's
+    reward.training.threshold_from 'episode_kappa', rl.judge_threshold 'replay'): of the thresholds whose kappa lies
+    within this many standard errors of the best, the highest; 0: the best itself. Kappa's standard error on ~80
+    episodes is ~0.15, so its argmax is noise: the 2026-12-02 gap-sources-blame-the-judge run's landed on 0.125 (kappa 0.22 +- 0.17), whose
+    judge then passed 0.90 of the base policy's real episodes (real 0.45), and RL learned to fail in ways it passed.
+    RL is paid for a false success and only loses signal on a missed one."""
+    threshold_significance_se: float = 2.0
+    """Where a threshold is chosen as above: only thresholds whose kappa is above 0 by more than this many standard
+    errors are chosen; where none is, the judge keeps its threshold (and rl warns that its reward is noise). Without
+    it the 2026-12-02 judge-never-says-success run's calibration (kappa <= 0 at every threshold) chose 0.999, where the judge passed
+    nothing, not even real successes. rl.train_tasks 'tracked' keeps the tasks whose kappa clears it too."""
 
     def validate(self) -> None:
         if self.stride < 1 or self.max_episodes < 1 or self.batch_size < 1:
             raise ValueError("calibrate: stride, max_episodes and batch_size must be >= 1")
+        if self.threshold_tolerance_se < 0 or self.threshold_significance_se < 0:
+            raise ValueError("calibrate: threshold_tolerance_se and threshold_significance_se must be >= 0")
 
 
 @dataclass
@@ -117,7 +123,9 @@ class RewardConfig:
     """Success judges: a trained classifier and the zero-training TOPReward, with calibration."""
 
     classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
-    """The ResNet-18 success classifier and its training."""
+    """The ResNet-18 success classifier (what is saved with it)."""
+    training: ClassifierTrainingConfig = field(default_factory=ClassifierTrainingConfig)
+    """How train-reward trains the classifier."""
     topreward: TOPRewardConfig = field(default_factory=TOPRewardConfig)
     """The Qwen3-VL TOPReward judge."""
     calibrate: CalibrateConfig = field(default_factory=CalibrateConfig)

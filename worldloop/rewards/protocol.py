@@ -4,7 +4,7 @@ A judge reads, per environment, the last ``window`` frames and its instruction, 
 score and a success decision. Everything is batched over environments: one call scores all of them,
 on the judge's device, without a Python loop over environments.
 
-    judge = load_judge("runs/rw", device)                  # a classifier folder
+    judge = load_judge("runs/rw", device)                  # worldloop.rewards.load_judge: a classifier folder
     judge = load_judge("topreward:/models/Qwen3-VL-8B-Instruct", device)
     scores = judge.score(windows, instructions)            # windows (B, judge.window, H, W, 3) uint8
     done = judge.success(windows, instructions)            # (B,) bool: probability(score) >= threshold
@@ -13,13 +13,9 @@ on the judge's device, without a Python loop over environments.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Protocol, Sequence, runtime_checkable
 
 import torch
-
-TOPREWARD_PREFIX = "topreward:"
-
 
 @runtime_checkable
 class Judge(Protocol):
@@ -30,7 +26,7 @@ class Judge(Protocol):
     threshold: float
     """Success when ``probability(score) >= threshold``."""
     task_thresholds: dict[str, float]
-    """Per instruction, a threshold in place of ``threshold`` (rl.judge_threshold_per_task sets them; empty: one for all)."""
+    """Per instruction, a threshold in place of ``threshold`` (rl.diagnostics.threshold_per_task sets them; empty: one for all)."""
     device: torch.device
 
     def score(self, windows: torch.Tensor, instructions: Sequence[str]) -> torch.Tensor:
@@ -73,22 +69,3 @@ def check_windows(windows: torch.Tensor, instructions: Sequence[str], window: in
     if isinstance(instructions, str) or len(instructions) != windows.shape[0]:
         got = "a single string" if isinstance(instructions, str) else f"{len(instructions)} instructions"
         raise ValueError(f"{who}: expected one instruction per window ({windows.shape[0]}), got {got}")
-
-
-def load_judge(spec: str | Path, device: torch.device | str = "cpu", config=None) -> Judge:
-    """A judge from ``spec``: a classifier folder written by ``worldloop train-reward``, or
-    ``"topreward:PATH"`` with PATH a local Qwen3-VL folder. ``config`` (a RewardConfig) sets
-    TOPReward's threshold, window and batching; the classifier keeps what it was saved with."""
-    from worldloop.rewards.configuration import RewardConfig
-
-    device = torch.device(device)
-    spec = str(spec)
-    if spec.startswith(TOPREWARD_PREFIX):
-        from worldloop.rewards.topreward import TOPReward
-
-        return TOPReward.from_pretrained(spec[len(TOPREWARD_PREFIX) :], device, (config or RewardConfig()).topreward)
-    from worldloop.rewards.classifier import SuccessClassifier
-
-    if not Path(spec).is_dir():
-        raise FileNotFoundError(f"judge '{spec}' is neither a classifier folder nor 'topreward:PATH'")
-    return SuccessClassifier.from_pretrained(spec, device)

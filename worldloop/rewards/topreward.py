@@ -53,8 +53,9 @@ class TOPReward:
             raise ValueError(f"topreward.window={self.window} must be a multiple of the video temporal patch size {self.temporal_patch_size}")
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, device: torch.device | str = "cpu", config: TOPRewardConfig | None = None) -> "TOPReward":
-        """Load model + processor from a local Qwen3-VL folder (e.g. the Qwen3-VL-8B-Instruct download)."""
+    def from_pretrained(cls, path: str | Path, device: torch.device | str = "cpu", config: Any = None) -> "TOPReward":
+        """Load model + processor from a local Qwen3-VL folder (e.g. the Qwen3-VL-8B-Instruct download);
+        ``config``: a TOPRewardConfig, or a RewardConfig whose ``topreward`` section is read."""
         from transformers import AutoProcessor, Qwen3VLForConditionalGeneration
 
         path = Path(path)
@@ -64,8 +65,8 @@ class TOPReward:
         processor = AutoProcessor.from_pretrained(str(path))
         answer_token_id(processor.tokenizer, where=str(path))  # refuse before loading the weights
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        config = config or TOPRewardConfig()
-        model = Qwen3VLForConditionalGeneration.from_pretrained(str(path), dtype=dtype, attn_implementation=config.attn_implementation)
+        config = getattr(config, "topreward", config) or TOPRewardConfig()
+        model = Qwen3VLForConditionalGeneration.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
         return cls(model.to(device).eval(), processor, config, device)
 
     # ---------------------------------------------------------------- processing

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from worldloop.rewards.augment import world_model_artefacts
 from worldloop.rewards.classifier import MODEL_SUBFOLDER, SuccessClassifier
-from worldloop.rewards.configuration import ClassifierConfig
+from worldloop.rewards.configuration import RewardConfig
 from worldloop.rewards.labels import NO_POSITIVE_HINT, LabelledFrames
 from worldloop.rewards.metrics import at_threshold, auroc, episode_verdict_metrics, max_kappa_threshold, per_episode, suggest_thresholds
 from worldloop.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -80,7 +80,7 @@ def balanced_batch(positives: torch.Tensor, negatives: torch.Tensor, batch_size:
 def train_classifier(
     train: LabelledFrames,
     held_out: LabelledFrames | None,
-    config: ClassifierConfig,
+    reward: RewardConfig,
     out: str | Path,
     device: torch.device,
     seed: int = 0,
@@ -90,10 +90,11 @@ def train_classifier(
 ) -> dict:
     """Train, checkpoint, evaluate and save; returns the metrics written to ``out/metrics.json``
     (with one entry per ``also_evaluate`` set, e.g. held-out frames replayed in a world model).
-    With ``config.threshold_from`` other than 'fixed', the saved threshold is chosen on the frames
+    With reward.training.threshold_from other than 'fixed', the saved threshold is chosen on the frames
     named ``threshold_on`` ('held_out' or a key of ``also_evaluate``). ``verdict_every``: the chunk
     size of the environments the judge will end episodes in (one verdict per chunk), for the
-    episode-level metrics and 'episode_kappa'."""
+    episode-level metrics and 'episode_kappa', whose standard-error rules reward.calibrate sets. ``reward``: the
+    classifier to build (reward.classifier), how to train it (reward.training) and to choose its threshold."""
     from torch.utils.tensorboard import SummaryWriter
     from tqdm import tqdm
 
@@ -103,9 +104,10 @@ def train_classifier(
     if train.success.all():
         raise ValueError("training frames: every frame is labelled success; failure frames are needed too")
     torch.manual_seed(seed)
-    model = SuccessClassifier(train.instructions, config.conditioning, config.input_size, config.threshold, int(train.frames.shape[1]))
-    if config.pretrained_backbone:
-        model.load_backbone(config.pretrained_backbone)
+    config, architecture = reward.training, reward.classifier
+    model = SuccessClassifier(train.instructions, architecture.conditioning, architecture.input_size, architecture.threshold, int(train.frames.shape[1]))
+    if architecture.pretrained_backbone:
+        model.load_backbone(architecture.pretrained_backbone)
     model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     step = 0
@@ -147,7 +149,7 @@ def train_classifier(
 
     model.eval()
     chosen_on = choose_threshold(model, config.threshold_from, (also_evaluate or {}).get(threshold_on, held_out), threshold_on, verdict_every,
-                                 config.threshold_tolerance_se, config.threshold_significance_se)  # fmt: skip
+                                 reward.calibrate.threshold_tolerance_se, reward.calibrate.threshold_significance_se)  # fmt: skip
     model.save_pretrained(out / MODEL_SUBFOLDER)
     metrics = {
         "steps": step,

@@ -25,7 +25,7 @@ def first_done_index(done: torch.Tensor) -> torch.Tensor:
 
 def loss_mask(done: torch.Tensor, mask_after_success: bool = True) -> torch.Tensor:
     """(N, T) bool: chunks up to and including the first done; everything after is masked.
-    With ``mask_after_success=False`` (ablation) every collected chunk counts."""
+    With ``mask_after_success=False`` (WoVR's ablation; no setting asks for it) every collected chunk counts."""
     if not mask_after_success:
         return torch.ones_like(done, dtype=torch.bool)
     index = torch.arange(done.shape[1], device=done.device)
@@ -47,7 +47,7 @@ def grpo_advantages(scores: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 def shuffled_within_groups(scores: torch.Tensor, group_size: int, generator: torch.Generator) -> torch.Tensor:
-    """rl.reward_control 'shuffled': each group's scores in a random order of its own (a uniform permutation per
+    """rl.diagnostics.shuffled_scores: each group's scores in a random order of its own (a uniform permutation per
     group, drawn from ``generator`` on the CPU). Every group keeps its scores, so its mean, spread and whether it
     is informative; each trajectory gets a score another member earned. (N,) -> (N,)."""
     groups = _grouped(scores, group_size)
@@ -82,25 +82,33 @@ def sample_weights(mask: torch.Tensor, keep: torch.Tensor, length_normalise: boo
 def gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
+    done: torch.Tensor,
     terminated: torch.Tensor,
     last_values: torch.Tensor,
     gamma: float = 0.99,
     lam: float = 0.95,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimation over chunks.
+    """Generalised advantage estimation over chunks, each episode over its own chunks only.
 
-    rewards, values: (N, T); terminated: (N, T) bool, True from the chunk that ended the episode by
-    success (no bootstrap past it); last_values: (N,) V of the observation after the last chunk,
-    bootstrapped for episodes cut by the rollout or the time limit. Returns (advantages, returns)."""
+    rewards, values: (N, T); done: (N, T) bool, True from the chunk in which the episode ended (by
+    success or by its time limit); terminated: (N, T) bool, True from the chunk that ended it by success
+    (no bootstrap past it); last_values: (N,) V of the observation after the last chunk. An episode that
+    ends at chunk k < T - 1 without terminating bootstraps from values[:, k + 1] (V of the observation
+    after chunk k) and takes no delta from after k; its advantages after k are 0. Returns (advantages, returns)."""
     num_chunks = rewards.shape[1]
+    index = torch.arange(num_chunks, device=rewards.device)
+    end = first_done_index(done | terminated)  # (N,)
+    last_chunk = (index[None, :] == end[:, None]).float()
+    valid = (index[None, :] <= end[:, None]).float()
     next_values = torch.cat([values[:, 1:], last_values[:, None]], dim=1)
     not_terminal = (~terminated).float()
     delta = rewards + gamma * next_values * not_terminal - values
     advantages = torch.zeros_like(rewards)
     running = torch.zeros_like(last_values)
     for t in reversed(range(num_chunks)):
-        running = delta[:, t] + gamma * lam * not_terminal[:, t] * running
+        running = delta[:, t] + gamma * lam * (1.0 - last_chunk[:, t]) * running
         advantages[:, t] = running
+    advantages = advantages * valid
     return advantages, advantages + values
 
 

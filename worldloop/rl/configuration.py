@@ -7,6 +7,64 @@ from typing import Literal
 
 
 @dataclass
+class RLDiagnosticsConfig:
+    """What a run measures beyond its reality checks, its stop rules and its control arm: each off by default."""
+
+    stop_when_real_falls_se: float = 0.0
+    """Stop RL at the first evaluation whose real success, overall or on any evaluation task, lies below the first
+    evaluation's by more than this many standard errors of the difference (paired episode by episode: the evaluations
+    share their initial states, so only episodes whose outcome flipped count); the weights of the last evaluation that
+    did not fall become the final policy (OUT/policy; results.json's "stopped" says which). 0: off. RL in
+    imagination lowered door-open's real success while imagination said it rose in the thirteenth and fifteenth
+    refinement-ab runs (0.46 -> 0.13, 0.49 -> 0.07). Each evaluation and task is one more look: with several of
+    each, a fall of 2 standard errors by chance alone gets likely, so 3 suits long runs."""
+    drop_imagined_only: bool = False
+    """Stop training on a task from the first reality check that finds its closed-loop imagined success risen by more
+    than 3 paired standard errors since the first check while its real success has not risen by one (the warning
+    'success rose in imagination only'): RL is exploiting the world model there (drawer-open in four H200 runs).
+    The other training tasks take its groups; when none is left, training stops. Needs the reality check's imagined
+    run (--world-model, --judge, rl.eval_episodes_per_task > 0); results.json lists the tasks under dropped_tasks."""
+    imagined_actions_in_reality: bool = False
+    """At each reality check, also drive the simulator open loop, from the same initial states, by the closed-loop
+    imagined episodes' action chunks: the simulator's verdict on what the policy did in imagination, with its kappa
+    against the imagined verdicts. Says whether a task imagination fails (door-open in the 2026-12-03 reality-through-the-vae run:
+    0.04 imagined, 0.35 real) fails for the policy's actions on imagined frames or for the world model's rendering of
+    them. One more real run per check (results.json imagined_actions_in_reality). Needs --world-model, --judge and
+    rl.eval_episodes_per_task > 0."""
+    imagination_repeat: bool = False
+    """At each reality check, also drive the imagined environment open loop, from the same first frames, by the
+    closed-loop imagined episodes' own action chunks under other world-model noise, with the kappa of its verdicts
+    against the first ones: near 1, the actions decide what imagination judges (RL can learn it, whether reality
+    agrees or not); near 0, the sampling noise does and RL's reward is a coin toss (door-open's imagined success did
+    not move under RL, nor under shuffled rewards, in the 2026-12-04 shuffled-reward-control run). One more world-model run per
+    check (results.json imagination_repeat). Needs --world-model, --judge and rl.eval_episodes_per_task > 0."""
+    reality_through_codec: bool = False
+    """The policy observes the real simulator through the world model's VAE (worldloop/envs/codec.py), as it
+    observes imagination: the reality checks (calibration, tracking, the stop rule) and, with --env real, the
+    training env. Then the policy RL makes is one that is deployed behind that VAE (`worldloop eval --world-model`).
+    In the 2026-12-03 vae-changes-first-choices run the VAE alone changed 0.32 of the policy's first action tokens. Needs --world-model
+    at sim.image_size.
+    The refinement rounds' episodes (rl.refine_every) stay raw: the world model learns from the simulator's own frames."""
+    threshold_per_task: bool = False
+    """rl.judge_threshold 'replay': each task's replayed episodes also choose a threshold of their own, by the same
+    rule within the task (the one for all stays where a task's episodes cannot choose); rl.train_tasks=tracked then
+    judges each task at its own. One threshold for all is where the tasks' replays score alike; the nineteenth H200
+    one-threshold-for-all-tasks run's did not: door-open's replays agreed with the simulator at kappa ~0.35 around 0.9 and at 0 at the
+    0.998 that button-press-topdown's chose for all (docs/results.md). Within a task the choice rests on fewer
+    episodes (rl.eval_episodes_per_task), so it is noisier."""
+    shuffled_scores: bool = False
+    """A control run (GRPO only). Each group's trajectory scores are permuted among its members before
+    the advantages, so a rollout is credited with another rollout's score from the same initial state: the kept
+    groups, the advantages' sizes and the loss masks stay as in a real run, only the link between what a rollout did
+    and its reward is cut. Real success that rises under it does not come from imagination's reward (door-open rose
+    in reality in four H200 runs while its imagined verdicts agreed with its actions' real outcome at kappa 0.03)."""
+
+    def validate(self) -> None:
+        if self.stop_when_real_falls_se < 0:
+            raise ValueError(f"diagnostics.stop_when_real_falls_se must be >= 0 (0: off), got {self.stop_when_real_falls_se}")
+
+
+@dataclass
 class RLConfig:
     """Masked GRPO (or PPO) on a vectorised, chunked environment: the imagined one by default."""
 
@@ -20,8 +78,6 @@ class RLConfig:
     """Initial states per iteration; the environment runs group_size * num_groups episodes at once."""
     max_steps: int = 200
     """Episode length limit in actions for the imagined environment (truncation); the real simulator keeps sim.max_steps."""
-    reward_scale: float = 5.0
-    """c in the chunk reward r = c * (R_t - R_{t-1}), R the judge's success (0 or 1)."""
     success_chunks: int = 1
     """An imagined episode succeeds once the judge has said success at the end of this many consecutive
     chunks; 1: its first verdict (WoVR). 2 costs a chunk of delay and ignores a one-chunk false positive."""
@@ -31,30 +87,15 @@ class RLConfig:
     --world-model` suggests one from imagined frames. 'replay': chosen before training on the base
     policy's own real episodes (rl.eval_episodes_per_task per evaluation task, initial states apart from the
     evaluations'), replayed in the world model with their own actions: the highest threshold whose
-    per-episode verdicts agree with the simulator's within rl.judge_threshold_tolerance_se standard errors
+    per-episode verdicts agree with the simulator's within reward.calibrate.threshold_tolerance_se standard errors
     of the best kappa (OUT/judge_calibration.json; a resumed run keeps it). The 2026-12-02 gap-sources-blame-the-judge run's judge,
     whose threshold was chosen on mostly expert episodes, passed 0.90 of the base policy's real episodes
     (0.45 real), and RL learned to fail in ways it passed; the thirteenth's, calibrated so, agreed with the
-    simulator on real frames at kappa 0.67-0.85 (docs/experiments/). The metaworld-gpu preset's default."""
-    judge_threshold_tolerance_se: float = 1.0
-    """rl.judge_threshold 'replay': of the thresholds within this many standard errors of the best kappa, the
-    highest (RL is paid for a false success; a missed one only costs signal); 0: the best itself."""
-    judge_threshold_significance_se: float = 2.0
-    """rl.judge_threshold 'replay': only thresholds whose kappa is above 0 by more than this many standard errors
-    are chosen; where none is, the judge keeps its threshold and rl warns that its reward is noise. Without it
-    the 2026-12-02 judge-never-says-success run's calibration (kappa <= 0 at every threshold) chose 0.999, where the judge passed
-    nothing, not even real successes."""
-    judge_threshold_per_task: bool = False
-    """rl.judge_threshold 'replay': each task's replayed episodes also choose a threshold of their own, by the same
-    rule within the task (the one for all stays where a task's episodes cannot choose); rl.train_tasks=tracked then
-    judges each task at its own. One threshold for all is where the tasks' replays score alike; the 2026-12-03
-    one-threshold-for-all-tasks run's did not: door-open's replays agreed with the simulator at kappa ~0.35 around 0.9 and at 0 at the
-    0.998 that button-press-topdown's chose for all (docs/experiments/). Within a task the choice rests on fewer
-    episodes (rl.eval_episodes_per_task), so it is noisier."""
+    simulator on real frames at kappa 0.67-0.85 (docs/results.md). The metaworld-gpu preset's default."""
     train_tasks: Literal["all", "tracked"] = "all"
     """'all': train on every task of --tasks (or the dataset's). 'tracked' (needs rl.judge_threshold 'replay'):
     only on those among them whose replays in the calibration agree with the simulator, within the task, more
-    than rl.judge_threshold_significance_se standard errors beyond chance at the chosen threshold; rl stops
+    than reward.calibrate.threshold_significance_se standard errors beyond chance at the chosen threshold; rl stops
     with an error when none does. Where imagination cannot tell a task's successes from its failures, RL's
     reward there is noise (the 2026-12-02 judge-never-says-success run's window tasks: kappa -0.17 and -0.09) while the shared
     policy still changes there. The calibration runs on rl.eval_tasks (default: every candidate); the
@@ -64,18 +105,8 @@ class RLConfig:
     train_temperature: float = 1.6
     """Sampling temperature of the policy while collecting training rollouts (old and new log-probs use it too);
     evaluations sample like the eval verb (eval.temperature, eval.greedy)."""
-    mask_after_success: bool = True
-    """Mask every chunk after the first success (WoVR); False keeps the whole rollout in the loss (ablation)."""
-    length_normalise: bool = True
-    """Divide each trajectory's loss by its valid length, so every trajectory weighs the same; False: plain token mean."""
     filter_groups: bool = True
     """Drop groups whose scores are all equal (all fail or all succeed): they carry no GRPO signal."""
-    reward_control: Literal["none", "shuffled"] = "none"
-    """'shuffled': a control run (GRPO only). Each group's trajectory scores are permuted among its members before
-    the advantages, so a rollout is credited with another rollout's score from the same initial state: the kept
-    groups, the advantages' sizes and the loss masks stay as in a real run, only the link between what a rollout did
-    and its reward is cut. Real success that rises under it does not come from imagination's reward (door-open rose
-    in reality in four H200 runs while its imagined verdicts agreed with its actions' real outcome at kappa 0.03)."""
     update_epochs: int = 2
     """Passes over each rollout batch in the update."""
     num_minibatches: int = 4
@@ -83,7 +114,7 @@ class RLConfig:
     into this many. When rl.filter_groups drops groups, into proportionally fewer (ceil(M * kept fraction), at least
     one), so that a minibatch holds as many trajectories either way: an iteration with little signal takes fewer
     AdamW steps, not as many on fewer samples. The 2026-12-02 refinement-ab run, which split 1 kept group of 8 into 4,
-    saw approx_kl 0.26 in such an iteration (docs/experiments/)."""
+    saw approx_kl 0.26 in such an iteration (docs/results.md)."""
     lr: float = 1e-5
     """AdamW learning rate of the policy (constant after the warm-up)."""
     lr_warmup_steps: int = 16
@@ -123,36 +154,6 @@ class RLConfig:
     """Tasks of the periodic real evaluation; empty: the tasks that RL trains on."""
     eval_episodes_per_task: int = 4
     """Real (and imagined) evaluation episodes per task at each evaluation."""
-    eval_imagined_actions_in_reality: bool = False
-    """At each reality check, also drive the simulator open loop, from the same initial states, by the closed-loop
-    imagined episodes' action chunks: the simulator's verdict on what the policy did in imagination, with its kappa
-    against the imagined verdicts. Says whether a task imagination fails (door-open in the 2026-12-03 reality-through-the-vae run:
-    0.04 imagined, 0.35 real) fails for the policy's actions on imagined frames or for the world model's rendering of
-    them. One more real run per check (results.json imagined_actions_in_reality). Needs --world-model, --judge and
-    rl.eval_episodes_per_task > 0."""
-    eval_imagination_repeat: bool = False
-    """At each reality check, also drive the imagined environment open loop, from the same first frames, by the
-    closed-loop imagined episodes' own action chunks under other world-model noise, with the kappa of its verdicts
-    against the first ones: near 1, the actions decide what imagination judges (RL can learn it, whether reality
-    agrees or not); near 0, the sampling noise does and RL's reward is a coin toss (door-open's imagined success did
-    not move under RL, nor under shuffled rewards, in the 2026-12-04 shuffled-reward-control run). One more world-model run per
-    check (results.json imagination_repeat). Needs --world-model, --judge and rl.eval_episodes_per_task > 0."""
-    drop_imagined_only: bool = False
-    """Stop training on a task from the first reality check that finds its closed-loop imagined success risen by more
-    than 3 paired standard errors since the first check while its real success has not risen by one (the warning
-    'success rose in imagination only'): RL is exploiting the world model there (drawer-open in four H200 runs).
-    The other training tasks take its groups; when none is left, training stops. Needs the reality check's imagined
-    run (--world-model, --judge, rl.eval_episodes_per_task > 0); results.json lists the tasks under dropped_tasks."""
-    reality_through_codec: bool = False
-    """The policy observes the real simulator through the world model's VAE (worldloop/envs/codec.py), as it
-    observes imagination: the reality checks (calibration, tracking, the stop rule) and, with --env real, the
-    training env. Then the policy RL makes is one that is deployed behind that VAE (`worldloop eval --world-model`).
-    In the 2026-12-03 vae-changes-first-choices run the VAE alone changed 0.32 of the policy's first action tokens. Needs --world-model
-    at sim.image_size.
-    The refinement rounds' episodes (rl.refine_every) stay raw: the world model learns from the simulator's own frames."""
-    eval_videos_per_task: int = 1
-    """Real | imagined mp4s per task at each evaluation (one frame per chunk, the same initial state),
-    written to OUT/videos/iteration_<i>_<task>_<n>.mp4; 0: none."""
     refine_every: int = 0
     """PACE within one run: every this many iterations the policy runs rl.refine_episodes_per_task real episodes
     per training task (sampled at rl.train_temperature, initial states apart from the evaluations'), and the
@@ -172,18 +173,12 @@ class RLConfig:
     samples from and OUT/world_model keeps (train-wm samples from its EMA too, world_model.ema_decay); 0.99 averages
     over ~100 of a round's steps. 0: the raw weights of the last step (the 2026-12-02 refinement-ab run's refinement,
     whose imagination turned pessimistic)."""
-    stop_when_real_falls_se: float = 0.0
-    """Stop RL at the first evaluation whose real success, overall or on any evaluation task, lies below the first
-    evaluation's by more than this many standard errors of the difference (paired episode by episode: the evaluations
-    share their initial states, so only episodes whose outcome flipped count); the weights of the last evaluation that
-    did not fall become the final policy (OUT/policy; results.json's "stopped" says which). 0: off. RL in
-    imagination lowered door-open's real success while imagination said it rose in the 2026-12-02 replay-calibrated-judge and
-    refinement-ab runs (0.46 -> 0.13, 0.49 -> 0.07). Each evaluation and task is one more look: with several of
-    each, a fall of 2 standard errors by chance alone gets likely, so 3 suits long runs."""
     time_limit_min: float = 0.0
     """Wall-clock budget of a run in minutes, its first and final evaluations included: the current iteration is
     the last (final evaluation, checkpoint and policy as usual) once another one, as slow as the slowest so far, and
     the evaluations after it, each as long as the latest, would end past it; 0: no limit."""
+    diagnostics: RLDiagnosticsConfig = field(default_factory=RLDiagnosticsConfig)
+    """Extra measurements, stop rules and the control arm (each off by default)."""
     checkpoint_every: int = 10
     """Save an atomic checkpoint every this many iterations (and at the end)."""
     keep_checkpoints: int = 2
@@ -202,20 +197,14 @@ class RLConfig:
             raise ValueError("iterations >= 0, group_size >= 1, num_groups >= 1 and max_steps >= 1 are required")
         if self.algorithm == "grpo" and self.group_size < 2:
             raise ValueError(f"GRPO needs group_size >= 2 to compare rollouts, got {self.group_size}")
-        if self.reward_control not in ("none", "shuffled"):
-            raise ValueError(f"reward_control is 'none' or 'shuffled', got {self.reward_control!r}")
-        if self.reward_control == "shuffled" and self.algorithm != "grpo":
-            raise ValueError("reward_control 'shuffled' permutes GRPO's trajectory scores within groups; PPO's per-chunk rewards have no groups")
+        if self.diagnostics.shuffled_scores and self.algorithm != "grpo":
+            raise ValueError("diagnostics.shuffled_scores permutes GRPO's trajectory scores within groups; PPO's per-chunk rewards have no groups")
         if self.success_chunks < 1:
             raise ValueError(f"success_chunks must be >= 1, got {self.success_chunks}")
         if isinstance(self.judge_threshold, float) and not 0.0 < self.judge_threshold < 1.0:
             raise ValueError(f"judge_threshold is a probability in (0, 1), 'replay' or null, got {self.judge_threshold}")
-        if self.judge_threshold_tolerance_se < 0:
-            raise ValueError(f"judge_threshold_tolerance_se must be >= 0, got {self.judge_threshold_tolerance_se}")
-        if self.judge_threshold_significance_se < 0:
-            raise ValueError(f"judge_threshold_significance_se must be >= 0, got {self.judge_threshold_significance_se}")
-        if self.judge_threshold_per_task and self.judge_threshold != "replay":
-            raise ValueError(f"judge_threshold_per_task chooses thresholds as rl.judge_threshold 'replay' does; "
+        if self.diagnostics.threshold_per_task and self.judge_threshold != "replay":
+            raise ValueError(f"diagnostics.threshold_per_task chooses thresholds as rl.judge_threshold 'replay' does; "
                              f"judge_threshold is {self.judge_threshold}")  # fmt: skip
         if self.train_tasks == "tracked" and self.judge_threshold != "replay":
             raise ValueError(f"train_tasks 'tracked' keeps the tasks that rl.judge_threshold 'replay' finds tracked; judge_threshold is {self.judge_threshold}")
@@ -233,16 +222,15 @@ class RLConfig:
             raise ValueError(f"target_kl must be > 0 or null, got {self.target_kl}")
         if not (0 < self.clip_low < 1 and self.clip_high > 0 and self.value_clip > 0):
             raise ValueError("0 < clip_low < 1, clip_high > 0 and value_clip > 0 are required")
-        if self.stop_when_real_falls_se < 0:
-            raise ValueError(f"stop_when_real_falls_se must be >= 0 (0: off), got {self.stop_when_real_falls_se}")
+        self.diagnostics.validate()
         if self.time_limit_min < 0:
             raise ValueError(f"time_limit_min must be >= 0, got {self.time_limit_min}")
         if self.entropy_coef < 0 or self.kl_coef < 0 or self.value_coef < 0:
             raise ValueError("entropy_coef, kl_coef and value_coef must be >= 0")
         if not (0 < self.gamma <= 1 and 0 <= self.gae_lambda <= 1):
             raise ValueError("0 < gamma <= 1 and 0 <= gae_lambda <= 1 are required")
-        if min(self.eval_every, self.eval_episodes_per_task, self.eval_videos_per_task) < 0:
-            raise ValueError("eval_every, eval_episodes_per_task and eval_videos_per_task must be >= 0")
+        if min(self.eval_every, self.eval_episodes_per_task) < 0:
+            raise ValueError("eval_every and eval_episodes_per_task must be >= 0")
         if self.refine_every < 0 or self.refine_episodes_per_task < 1 or self.refine_steps < 0 or self.refine_lr <= 0:
             raise ValueError("refine_every >= 0, refine_episodes_per_task >= 1, refine_steps >= 0 and refine_lr > 0 are required")
         if not 0.0 <= self.refine_ema_decay < 1.0:

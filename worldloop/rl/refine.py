@@ -39,9 +39,13 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
+from worldloop.data.dataset import split_episodes
 from worldloop.envs.protocol import EnvReset, VecEnv
+from worldloop.rewards.configuration import CalibrateConfig
 from worldloop.rl.configuration import RLConfig
 from worldloop.rl.rollout import Rollout, apply_calibration, collect
+from worldloop.sims import make_env
+from worldloop.sims.tasks import instruction
 from worldloop.utils.io import atomic_write_json, read_json
 from worldloop.worldmodel.configuration import WorldModelConfig
 
@@ -69,7 +73,7 @@ def rollout_episodes(first: EnvReset, rollout: Rollout) -> list[RealEpisode]:
 def refine_seed(task_position: int, episode: int, seed_offset: int) -> int:
     """Simulator seed of refinement episode ``episode`` of the refiner's task at ``task_position``: above the
     evaluation seeds (``seed_offset + 1000 * (task's Meta-World index) + e``, see
-    :func:`worldloop.policies.evaluate.eval_seed`) and the collection seeds (below ``seed_offset``)."""
+    :func:`worldloop.rl.evaluate.eval_seed`) and the collection seeds (below ``seed_offset``)."""
     if not 0 <= episode < 100_000:
         raise ValueError(f"refinement episode {episode}: at most 100000 per task")
     return seed_offset + 1_000_000 + 100_000 * task_position + episode
@@ -91,11 +95,13 @@ class WorldModelRefiner:
         out: str | Path,
         seed: int = 0,
         seed_offset: int = 2**31,
+        calibrate: CalibrateConfig | None = None,
     ):
         per_task = rl.refine_episodes_per_task
         if real_env.num_envs != len(tasks) * per_task:
             raise ValueError(f"the refinement's real environment has {real_env.num_envs} envs; {len(tasks)} tasks x rl.refine_episodes_per_task {per_task} are needed")
         self.world_model, self.real_env, self.tasks, self.rl = world_model, real_env, list(tasks), rl
+        self.calibrate = calibrate or CalibrateConfig()  # reward.calibrate: how a recalibration chooses the judge's threshold
         self.dataset_episodes = dataset_episodes  # read at the first round (not at start-up), then released
         self.out, self.seed, self.seed_offset = Path(out) / REFINE, seed, seed_offset
         # the clips as the world model was trained on them (its chunk, memory and anchoring travel with it)
@@ -177,8 +183,8 @@ class WorldModelRefiner:
         """The judge's threshold chosen again on the calibration's episodes replayed in the refined world model."""
         began = time.perf_counter()
         rl = self.rl
-        result = self.judge_check.recalibrate_judge(rl.judge_threshold_tolerance_se, rl.judge_threshold_significance_se,
-                                                    rl.judge_threshold_per_task)  # fmt: skip
+        result = self.judge_check.recalibrate_judge(self.calibrate.threshold_tolerance_se, self.calibrate.threshold_significance_se,
+                                                    rl.diagnostics.threshold_per_task)  # fmt: skip
         result["seconds"] = time.perf_counter() - began  # one replay of the calibration's episodes
         atomic_write_json(self.out / f"judge_{iteration:06d}.json", result)  # a resumed run takes the threshold back from here
         kappa = result["replayed_after"]["kappa"]  # None where the episodes all succeeded or all failed
@@ -237,3 +243,19 @@ class WorldModelRefiner:
         """The refined weights' average into the imagined environment's DiT (in its own dtype)."""
         for target, source in zip(self.world_model.dit.parameters(), self.ema.parameters()):
             target.copy_(source)
+
+
+def world_model_refiner(config: Any, world_model: Any, dataset: Any, tasks: list[str], out: str | Path) -> WorldModelRefiner:
+    """rl.refine_every: the world model learns from the policy's real rollouts on ``tasks`` during RL, and keeps
+    the dataset's training episodes of those tasks (the world model's split) in view. ``config``: the run's Config."""
+    train_indices, _ = split_episodes(dataset, held_out_fraction=config.world_model.held_out_fraction, seed=config.seed)
+    wanted = {instruction(task): MAX_DATASET_EPISODES_PER_TASK for task in tasks}
+    task_of, chosen = dataset.task_indices, []
+    for index in train_indices:
+        text = dataset.tasks[task_of[index]]
+        if wanted.get(text, 0) > 0:
+            wanted[text] -= 1
+            chosen.append(index)
+    real_env = make_env(config, len(tasks) * config.rl.refine_episodes_per_task, tasks=tasks)
+    return WorldModelRefiner(world_model, real_env, tasks, dataset.episodes(chosen), config.rl, config.world_model, out,
+                             seed=config.seed, seed_offset=config.eval.seed_offset, calibrate=config.reward.calibrate)  # fmt: skip

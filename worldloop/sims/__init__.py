@@ -9,14 +9,13 @@ from typing import Sequence
 
 
 def make_env(config, num_envs: int, tasks: Sequence[str] | None = None):
-    """The configured real simulator (``config.sim.backend``) with ``num_envs`` environments.
+    """The configured real simulator with ``num_envs`` environments: ``config.sim.backend`` names a class in
+    :data:`worldloop.utils.registry.SIMULATORS` or is a ``"package.module:Class"``.
 
     ``config`` is the root :class:`worldloop.config.Config` (or a ``SimConfig``); ``tasks``
     overrides ``sim.tasks``/``sim.suite``.
     """
-    sim_config = getattr(config, "sim", config)
-    if sim_config.backend == "metaworld":
-        from worldloop.sims.metaworld import MetaWorldVecEnv
+    from worldloop.utils.registry import SIMULATORS
 
-        return MetaWorldVecEnv(sim_config, num_envs, tasks=tasks)
-    raise ValueError(f"unknown simulator backend '{sim_config.backend}'; allowed: metaworld")
+    sim_config = getattr(config, "sim", config)
+    return SIMULATORS.get(sim_config.backend)(sim_config, num_envs, tasks=tasks)

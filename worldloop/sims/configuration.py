@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+
+from worldloop.utils.registry import SIMULATORS
 
 
 METAWORLD_CAMERAS = ("corner", "corner2", "corner3", "corner4", "topview", "behindGripper", "gripperPOV")
@@ -16,8 +17,8 @@ SUITES = ("mt10", "mt50")
 class SimConfig:
     """A vectorised real simulator."""
 
-    backend: Literal["metaworld"] = "metaworld"
-    """Which simulator runs the tasks."""
+    backend: str = "metaworld"
+    """Which simulator runs the tasks: a name in worldloop.utils.registry.SIMULATORS ('metaworld') or a 'package.module:Class'."""
     suite: str = "mt10"
     """Named task suite ('mt10', 'mt50'); ignored when `tasks` is set."""
     tasks: list[str] = field(default_factory=list)
@@ -37,12 +38,15 @@ class SimConfig:
     num_workers: int = 2
     """Simulator worker processes; environments are spread over them (1: step everything in this process)."""
     reward_scale: float = 5.0
-    """c in the chunk reward c * (R_after - R_before), R the 0/1 success signal (WoVR uses c = 5)."""
+    """c in the chunk reward c * (R_after - R_before), R = 1 once the episode has succeeded (WoVR uses c = 5); the
+    imagined environment pays the same c when its judge says success."""
 
     def validate(self) -> None:
         if self.image_size not in (64, 128, 256):
             raise ValueError(f"image_size={self.image_size} is not supported; allowed: 64, 128, 256")
-        if self.camera not in METAWORLD_CAMERAS:
+        if ":" not in self.backend and self.backend not in SIMULATORS:
+            raise ValueError(f"sim.backend '{self.backend}' is unknown; registered: {', '.join(SIMULATORS.names())}; or give 'package.module:Class'")
+        if self.backend == "metaworld" and self.camera not in METAWORLD_CAMERAS:
             raise ValueError(f"camera='{self.camera}' is not a Meta-World camera; allowed: {', '.join(METAWORLD_CAMERAS)}")
         if self.suite.lower() not in SUITES:
             raise ValueError(f"suite='{self.suite}' is unknown; allowed: {', '.join(SUITES)}")

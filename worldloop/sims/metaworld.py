@@ -50,8 +50,7 @@ class MetaWorldVecEnv:
         self.device = torch.device("cpu")
         self.instructions: list[str] = []
         self._steps = torch.zeros(num_envs, dtype=torch.int64)
-        self._success = torch.zeros(num_envs, dtype=torch.bool)  # R at the end of the last chunk
-        self._ever_success = torch.zeros(num_envs, dtype=torch.bool)
+        self._ever_success = torch.zeros(num_envs, dtype=torch.bool)  # R: the episode has succeeded by now
         self._done = torch.zeros(num_envs, dtype=torch.bool)
         self._started = False
 
@@ -101,7 +100,6 @@ class MetaWorldVecEnv:
         result = self._call("reset", [items[b] for b in self._blocks])
         self.instructions = [instruction(t) for t in tasks]
         self._steps.zero_()
-        self._success.zero_()
         self._ever_success.zero_()
         self._done.zero_()
         self._started = True
@@ -154,12 +152,11 @@ class MetaWorldVecEnv:
         result = self._call("step", payloads)
         success = torch.from_numpy(result["success"])
         done = torch.from_numpy(result["done"])
-        success_after = success[:, -1]
-        reward = self.config.reward_scale * (success_after.float() - self._success.float())
+        succeeded_before = self._ever_success.clone()
+        self._ever_success |= success.any(dim=1)  # R: succeeded at any step so far, mid-chunk included
+        reward = self.config.reward_scale * (self._ever_success.float() - succeeded_before.float())
         ended_now = done[:, -1] & ~self._done
-        self._ever_success |= success.any(dim=1)
         truncated = ended_now & ~self._ever_success
-        self._success = success_after.clone()
         self._done = done[:, -1].clone()
         self._steps = torch.from_numpy(result["steps"])
         step = EnvStep(

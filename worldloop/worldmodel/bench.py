@@ -1,7 +1,7 @@
 """``worldloop bench wm``: world-model rollout speed, end to end, with random weights.
 
-For every preset in ``world_model.bench_sizes`` (at its own resolution: tiny 64, small 128,
-wan2.2-5b 256 with the Wan2.2 VAE) and batch size in ``world_model.bench_batch_sizes``: one
+For every size in ``--models`` (at its own resolution: tiny 64, small 128,
+wan2.2-5b 256 with the Wan2.2 VAE) and batch size in ``--batch-sizes``: one
 ``WorldModel.step`` = the DiT sampler (``sampling_steps`` batched forwards) + decoding the new frames
 (as ``world_model.decode`` says), timed after warm-up; with ``world_model.action_guidance`` != 1 (and
 ``world_model.action_dropout`` > 0, which builds the "no action" condition) each DiT call holds twice the batch. Also reported: the DiT part alone, the decode of the new
@@ -113,10 +113,12 @@ def bench_wm(args: argparse.Namespace, config: Config) -> int:
     from worldloop.utils.io import atomic_write_json, atomic_write_text
 
     device = resolve_device(config.device)
+    if min(args.batch_sizes) < 1:
+        raise ValueError(f"--batch-sizes must be positive, got {args.batch_sizes}")
     rows = []
-    for size in config.world_model.bench_sizes:
+    for size in args.models:
         model = build_model(size, config, device)
-        for batch in config.world_model.bench_batch_sizes:
+        for batch in args.batch_sizes:
             try:
                 rows.append(measure(model, size, batch, device))
             except torch.cuda.OutOfMemoryError as error:  # report and continue with the next setting

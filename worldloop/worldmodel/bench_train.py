@@ -15,9 +15,9 @@ chunks earlier, in ``self_forcing_steps`` Euler steps each (``sampling_steps`` w
 DiT's matmul TFLOP/s (3 forwards per trained clip, plus the self-forced samples' forwards).
 
 ``bench vae-train`` runs ``train_vae`` the same way (``--steps`` and 1/6 of that, the difference timed) on
-random frames of ``sim.image_size``, with the VAE's 3D convolutions in the default (NCDHW) and in the
-channels-last (NDHWC) memory layout (``vae.channels_last``); reported: steps/s and clips/s of each, and which
-is faster.
+random frames of ``sim.image_size``; reported: steps/s, clips/s, the step's FLOPs per second (counted by torch's
+FlopCounterMode), MFU and the GPU's busy share. (Channels-last 3D convolutions were measured too, on 2026-12-02 and
+2026-12-04: no faster at the preset's batch; docs/benchmarks.md.)
 """
 
 from __future__ import annotations
@@ -172,18 +172,17 @@ def random_episodes(image_size: int, count: int = 8, length: int = 40) -> list[S
     ]  # fmt: skip
 
 
-def time_vae_training(config: Config, episodes: list, steps: int, channels_last: bool, device: torch.device) -> float:
+def time_vae_training(config: Config, episodes: list, steps: int, device: torch.device) -> float:
     """Wall seconds of one ``train_vae`` run of ``steps`` steps (build, loop, statistics, metrics and save)."""
-    return seconds_per_call(lambda: train_vae_run(config, episodes, steps, channels_last, device), device, repeats=1, warmup=0)
+    return seconds_per_call(lambda: train_vae_run(config, episodes, steps, device), device, repeats=1, warmup=0)
 
 
-def train_vae_run(config: Config, episodes: list, steps: int, channels_last: bool, device: torch.device) -> None:
+def train_vae_run(config: Config, episodes: list, steps: int, device: torch.device) -> None:
     """One ``train_vae`` run of ``steps`` steps on ``episodes``, into a temporary folder."""
     from worldloop.worldmodel.train import train_vae
 
     never = 10**9
-    vae = dataclasses.replace(config.vae, steps=steps, channels_last=channels_last, time_limit_s=0.0, init=None, pretrained=None,
-                              log_every=never, checkpoint_every=never)  # fmt: skip
+    vae = dataclasses.replace(config.vae, steps=steps, time_limit_s=0.0, init=None, pretrained=None, log_every=never, checkpoint_every=never)
     with tempfile.TemporaryDirectory() as out:
         train_vae(vae, episodes, episodes[:1], out, device, seed=config.seed)
 
@@ -203,46 +202,39 @@ def vae_step_flops(config: Config, device: torch.device) -> float:
     return float(counter.get_total_flops())
 
 
-def measure_vae(config: Config, episodes: list, steps: int, channels_last: bool, device: torch.device, flops: float) -> dict:
+def measure_vae(config: Config, episodes: list, steps: int, device: torch.device, flops: float) -> dict:
     from worldloop.worldmodel.bench import peak_flops
 
-    per_step = seconds_per_step(lambda n: time_vae_training(config, episodes, n, channels_last, device), steps)
-    busy = busy_share(lambda n: train_vae_run(config, episodes, n, channels_last, device), steps, device)
+    per_step = seconds_per_step(lambda n: time_vae_training(config, episodes, n, device), steps)
+    busy = busy_share(lambda n: train_vae_run(config, episodes, n, device), steps, device)
     peak = peak_flops(device)
-    layout = "channels_last" if channels_last else "contiguous"
     batch = config.vae.batch_size
     return {"size": config.vae.size, "batch": batch, "frames": config.vae.clip_frames, "image_size": config.sim.image_size,
-            "layout": layout, "step_ms": 1e3 * per_step, "steps_per_s": 1 / per_step, "clips_per_s": batch / per_step,
+            "spatial_downsamples": config.vae.spatial_downsamples, "step_ms": 1e3 * per_step, "steps_per_s": 1 / per_step, "clips_per_s": batch / per_step,
             "tflops": flops / per_step / 1e12, "mfu": flops / per_step / peak if peak else None, "gpu_busy": busy}  # fmt: skip
 
 
 def format_vae_table(rows: list[dict]) -> str:
-    header = (f"{'preset':<8} {'batch':>5} {'frames':>6} {'pixels':>6} {'layout':<14} {'step ms':>8} {'steps/s':>8} {'clips/s':>8} "
+    header = (f"{'preset':<8} {'batch':>5} {'frames':>6} {'pixels':>6} {'halvings':>8} {'step ms':>8} {'steps/s':>8} {'clips/s':>8} "
               f"{'TF/s':>6} {'MFU':>5} {'GPU busy':>8}")  # fmt: skip
     lines = [header, "-" * len(header)]
     for r in rows:
-        lines.append(f"{r['size']:<8} {r['batch']:>5} {r['frames']:>6} {r['image_size']:>6} {r['layout']:<14} {r['step_ms']:8.1f} "
+        lines.append(f"{r['size']:<8} {r['batch']:>5} {r['frames']:>6} {r['image_size']:>6} {r['spatial_downsamples']:>8} {r['step_ms']:8.1f} "
                      f"{r['steps_per_s']:8.2f} {r['clips_per_s']:8.1f} {r['tflops']:6.1f} {percent(r['mfu']):>5} {percent(r['gpu_busy']):>8}")  # fmt: skip
     return "\n".join(lines)
 
 
 def bench_vae_train(args: argparse.Namespace, config: Config) -> int:
-    """Time ``train_vae`` with both memory layouts; the JSON next to ``--out`` names the faster (``faster``)."""
+    """Time ``train_vae`` at the preset's shapes."""
     from worldloop.utils.device import resolve_device
 
     if args.steps < 2:
         raise ValueError(f"bench vae-train needs --steps >= 2 (it times the difference of two runs), got {args.steps}")
     device = resolve_device(config.device)
     episodes = random_episodes(config.sim.image_size, length=max(40, config.vae.clip_frames))
-    for channels_last in (False, True):  # warm-up: CUDA context, cuDNN's choices for both layouts
-        time_vae_training(config, episodes, 2, channels_last, device)
-    flops = vae_step_flops(config, device)
-    rows = []
-    for channels_last in (False, True):
-        rows.append(measure_vae(config, episodes, args.steps, channels_last, device, flops))
-        print(format_vae_table(rows[-1:]).splitlines()[-1], flush=True)
-    faster = min(rows, key=lambda r: r["step_ms"])["layout"]
+    time_vae_training(config, episodes, 2, device)  # warm-up: CUDA context, cuDNN's choices
+    rows = [measure_vae(config, episodes, args.steps, device, vae_step_flops(config, device))]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    title = f"worldloop bench vae-train on {where} ({config.sim.image_size}px frames, {config.vae.spatial_downsamples} spatial halvings)"
-    write_report(args.out, f"{title}\n{format_vae_table(rows)}\nfaster: {faster}", {"rows": rows, "faster": faster})
+    title = f"worldloop bench vae-train on {where} ({config.sim.image_size}px frames)"
+    write_report(args.out, f"{title}\n{format_vae_table(rows)}", {"rows": rows})
     return 0

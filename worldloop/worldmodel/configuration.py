@@ -42,10 +42,6 @@ class VAEConfig:
     """AdamW learning rate (cosine decay to 10% after a 5% warm-up)."""
     kl_weight: float = 1e-6
     """Weight of the KL term against the per-pixel L1 + L2 reconstruction loss."""
-    perceptual_weight: float = 0.0
-    """Weight of a VGG16 feature-matching term; used only when `perceptual_weights` names a local file."""
-    perceptual_weights: str | None = None
-    """Local path to torchvision VGG16 ImageNet weights (a state_dict .pth); nothing is downloaded."""
     held_out_fraction: float = 0.1
     """Fraction of each task's episodes kept out of training for the reconstruction PSNR/SSIM."""
     log_every: int = 25
@@ -55,10 +51,6 @@ class VAEConfig:
     time_limit_s: float = 0.0
     """Training seconds (summed over resumed runs) after which training stops even before `steps`; the
     learning-rate schedule then spans this time (0 = no limit: the schedule spans `steps`)."""
-    channels_last: bool = False
-    """Train with the 3D convolutions' weights and activations in channels-last (NDHWC) memory, the layout
-    of cuDNN's tensor-core kernels; the same arithmetic, saved as usual. `worldloop bench vae-train` measures
-    whether it is faster on a given GPU."""
 
     def validate(self) -> None:
         if self.size not in SIZES:
@@ -70,8 +62,8 @@ class VAEConfig:
         for name in ("steps", "batch_size", "log_every", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.lr <= 0 or self.kl_weight < 0 or self.perceptual_weight < 0:
-            raise ValueError("lr must be > 0 and kl_weight, perceptual_weight >= 0")
+        if self.lr <= 0 or self.kl_weight < 0:
+            raise ValueError("lr must be > 0 and kl_weight >= 0")
         if not 0.0 <= self.held_out_fraction < 1.0:
             raise ValueError(f"held_out_fraction must be in [0, 1), got {self.held_out_fraction}")
         if self.time_limit_s < 0:
@@ -176,11 +168,6 @@ class WorldModelConfig:
     """Open-loop horizons (frames) of `worldloop eval-wm`; a horizon longer than every held-out episode is skipped."""
     eval_episodes: int = 16
     """Held-out episodes replayed by `worldloop eval-wm` (all of them if fewer)."""
-    bench_batch_sizes: list[int] = field(default_factory=lambda: [1, 8, 64])
-    """Batch sizes (environments) measured by `worldloop bench wm`."""
-    bench_sizes: list[str] = field(default_factory=lambda: ["tiny"])
-    """Presets measured by `worldloop bench wm` (with random weights)."""
-
     def validate(self) -> None:
         if self.size not in SIZES:
             raise ValueError(f"size must be one of {SIZES}, got {self.size!r}")
@@ -219,8 +206,3 @@ class WorldModelConfig:
             raise ValueError(f"time_limit_s must be >= 0 (0: no limit), got {self.time_limit_s}")
         if not self.eval_horizons or min(self.eval_horizons) < 1:
             raise ValueError(f"eval_horizons must be positive frame counts, got {self.eval_horizons}")
-        if not self.bench_batch_sizes or min(self.bench_batch_sizes) < 1:
-            raise ValueError(f"bench_batch_sizes must be positive, got {self.bench_batch_sizes}")
-        unknown = [s for s in self.bench_sizes if s not in SIZES]
-        if unknown:
-            raise ValueError(f"bench_sizes {unknown} are not presets; allowed: {SIZES}")

@@ -1,7 +1,6 @@
 """Training the VAE and the world model, top to bottom.
 
-``train_vae``: random clips of dataset frames -> AutoencoderKLWan, L1 + L2 reconstruction + KL
-(+ VGG feature matching when local weights are given); then per-channel latent statistics and
+``train_vae``: random clips of dataset frames -> AutoencoderKLWan, L1 + L2 reconstruction + KL; then per-channel latent statistics and
 held-out PSNR/SSIM.
 
 ``train_world_model``: every clip of every training episode is encoded once (cached on disk next to
@@ -134,26 +133,6 @@ def _random_clips(episodes: Sequence[EpisodeLike], count: int, length: int, gene
     return torch.stack(clips)
 
 
-class VGGFeatures(torch.nn.Module):
-    """VGG16 features up to relu3_3 from a local torchvision state_dict (perceptual loss)."""
-
-    def __init__(self, weights: str | Path):
-        super().__init__()
-        import torchvision
-
-        path = Path(weights)
-        if not path.is_file():
-            raise FileNotFoundError(f"vae.perceptual_weights: {path} does not exist (nothing is downloaded)")
-        model = torchvision.models.vgg16(weights=None)
-        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-        self.features = model.features[:16].eval().requires_grad_(False)
-        self.register_buffer("mean", torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1))
-        self.register_buffer("std", torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1))
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:  # (M, 3, H, W) in [-1, 1]
-        return self.features(((images + 1) / 2 - self.mean) / self.std)
-
-
 def reconstruction_metrics(vae, episodes: Sequence[EpisodeLike], device: torch.device, clips: int = 64, length: int = 13, seed: int = 0) -> dict[str, float]:
     """Mean PSNR / SSIM of VAE reconstructions of held-out clips."""
     generator = torch.Generator().manual_seed(seed)
@@ -202,9 +181,6 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
         factor = vae_lib.spatial_factor(vae)
         if image_size % factor:
             raise ValueError(f"frames of {image_size}x{image_size} are not divisible by the VAE's {factor}x spatial compression")
-        layout = torch.channels_last_3d if config.channels_last else torch.contiguous_format
-        vae_lib.set_memory_format(vae, layout)  # before the optimizer: its state takes the weights' layout
-        perceptual = VGGFeatures(config.perceptual_weights).to(device) if config.perceptual_weights and config.perceptual_weight > 0 else None
         optimizer = make_optimizer(vae.parameters(), config.lr, 0.0, device)
         budget = TrainingBudget(config.steps, config.time_limit_s)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, budget.lr_factor)
@@ -225,7 +201,7 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
             if budget.out_of_time():  # checked first: a resumed run whose time is spent takes no step
                 break
             frames = store.sample(config.batch_size, config.clip_frames, generator)
-            pixels = vae_lib.frames_to_pixels(frames).contiguous(memory_format=layout)
+            pixels = vae_lib.frames_to_pixels(frames)
             with autocast(device):
                 posterior = vae.encode(pixels).latent_dist
                 recon = vae.decode(posterior.sample()).sample
@@ -234,10 +210,6 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
             l2 = (recon - pixels).pow(2).mean()
             kl = 0.5 * (posterior.mean.float().pow(2) + posterior.var.float() - 1.0 - posterior.logvar.float()).mean()
             loss = l1 + l2 + config.kl_weight * kl
-            if perceptual is not None:
-                flat = lambda x: x.transpose(1, 2).flatten(0, 1)  # noqa: E731  (B, 3, T, H, W) -> (B*T, 3, H, W)
-                with autocast(device):
-                    loss = loss + config.perceptual_weight * F.mse_loss(perceptual(flat(recon)).float(), perceptual(flat(pixels)).float())
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
@@ -257,7 +229,6 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
             losses.append(float(loss.detach()))
         save_checkpoint(out, steps_done, {"vae": vae}, stateful, extra={"seconds": budget.seconds()})
         writer.close()
-        vae_lib.set_memory_format(vae, torch.contiguous_format)
         vae.eval()
         mean, std = latent_statistics(vae, train_episodes, device)
         vae.register_to_config(latents_mean=mean, latents_std=std)

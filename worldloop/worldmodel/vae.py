@@ -86,16 +86,6 @@ def world_model_vae(folder: str | Path, image_size: int):
     return load_vae(folder)
 
 
-def set_memory_format(vae, memory_format: torch.memory_format) -> None:
-    """Put every 3D convolution's weights in ``memory_format`` (channels_last_3d or contiguous_format).
-
-    Only the Conv3d weights: the VAE's 2D convolutions and norms have no 5-D layout. Activations follow
-    the input's layout through the convolutions. Saving needs contiguous_format (safetensors)."""
-    for module in vae.modules():
-        if isinstance(module, torch.nn.Conv3d):
-            module.to(memory_format=memory_format)
-
-
 def spatial_factor(vae) -> int:
     return int(vae.config.scale_factor_spatial)
 
