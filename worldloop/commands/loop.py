@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from worldloop.config import Config
+from worldloop.utils.runfolder import RunSpec
 
 HELP = """Take a base policy to a better one and show the evidence, in one command:
 expert demos -> SFT base policy -> base rollouts -> VAE + world model -> judge -> KIR keyframes
@@ -14,6 +16,8 @@ Each stage writes its folder under RUN and is skipped on a rerun once complete, 
 loop resumes where it stopped. loop.* sets how much real data each stage spends; bring your own
 products with --dataset, --base-policy, --world-model or --judge.
 Example: worldloop loop --preset tiny-cpu --out runs/loop"""
+
+RUN = RunSpec(tuple(f.name for f in dataclasses.fields(Config) if f.name not in ("preset", "device")))  # its stages read every section
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -51,7 +51,7 @@ from worldloop.rl.configuration import RLConfig
 from worldloop.rl.curves import plot_curves
 from worldloop.rl.losses import clipped_policy_loss, clipped_value_loss, entropy_bonus, kl_penalty
 from worldloop.rl.rollout import autocast, check_compatible, collect, paired_changes, policy_device, tracking_line
-from worldloop.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from worldloop.utils.checkpoint import announce_resume, latest_checkpoint, load_checkpoint, save_checkpoint
 from worldloop.utils.io import atomic_path, atomic_write_json, atomic_write_text
 from worldloop.utils.stats import format_kappa, format_paired
 
@@ -105,6 +105,7 @@ def train(
     checkpoint = latest_checkpoint(out)
     if checkpoint is not None:
         start, extra = load_checkpoint(checkpoint, modules, stateful)
+        announce_resume("rl", checkpoint, start)
         history, evaluations, fell = extra["history"], extra["evaluations"], extra.get("stopped")
         warnings, silent = extra.get("warnings", []), extra.get("silent", 0)  # absent in checkpoints from before they were kept
         if extra.get("refining") and not refining:  # its refined world model lives in the checkpoint: without it the run would go on in the old one
