@@ -229,6 +229,9 @@ def test_a_held_lock_a_full_disk_and_a_read_only_folder_give_one_line(tiny_datas
     error = capsys.readouterr().err.strip()
     assert error == f"worldloop sft: error: No space left on device: {tmp_path / 'full'}; free some space and rerun to resume"
     monkeypatch.undo()
+    from worldloop.utils.runfolder import as_os_error  # safetensors says it in its message, not as an OSError
+
+    assert as_os_error(RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")).errno == errno.ENOSPC
 
     if os.geteuid() == 0:
         pytest.skip("root writes into read-only folders")

@@ -18,7 +18,7 @@ import re
 import sys
 
 from worldloop.config import DEFAULT_PRESET, ConfigError, load_config
-from worldloop.utils.runfolder import RunClaim, RunError, describe_os_error
+from worldloop.utils.runfolder import RunClaim, RunError, as_os_error, describe_os_error
 
 VERBS = {
     "config": "worldloop.commands.config",
@@ -89,10 +89,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"worldloop {args.verb}: error: {error}", file=sys.stderr)
         return error.exit_code
-    except OSError as error:  # a read-only folder, a full disk, missing permissions
-        if debug:
+    except Exception as error:  # a read-only folder, a full disk, missing permissions (from Python or a library)
+        os_error = as_os_error(error)
+        if debug or os_error is None:
             raise
-        print(f"worldloop {args.verb}: error: {describe_os_error(error)}", file=sys.stderr)
+        print(f"worldloop {args.verb}: error: {describe_os_error(os_error, getattr(args, 'out', None))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"\nworldloop {args.verb}: interrupted; finished work is kept, rerun the same command to resume", file=sys.stderr)
@@ -104,8 +105,7 @@ def run_command(args: argparse.Namespace, config) -> int:
     spec = getattr(args._module, "RUN", None)
     if spec is None:
         return int(args._module.run(args, config) or 0)
-    options = {name: value for name, value in vars(args).items()}
-    with RunClaim(args.out, args.verb, spec, config, options, overwrite=args.overwrite) as claim:
+    with RunClaim(args.out, args.verb, spec, config, vars(args), overwrite=args.overwrite) as claim:
         if claim.finished:
             return 0
         code = int(args._module.run(args, config) or 0)

@@ -20,6 +20,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -188,6 +189,7 @@ class RunClaim:
         self.settings = run_settings(spec, config, options)
         self.lock = FolderLock(self.out)
         self.finished = False
+        self._started = _now()
         self._created = False
         self._wrote_record = False
 
@@ -229,6 +231,7 @@ class RunClaim:
         from worldloop.utils.io import atomic_write_json
 
         record, saved = self._saved()
+        self._started = (record or {}).get("started") or self._started
         if record is not None and record.get("verb") not in (None, self.verb):
             problem = f"holds a `worldloop {record.get('verb')}` run, not a {self.verb} run"
         elif saved is not None:
@@ -243,7 +246,7 @@ class RunClaim:
             print(f"{self.verb}: --overwrite: removing the run in {self.out}", flush=True)
             for path in self._contents():
                 shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-            record = None
+            record, self._started = None, _now()
         if record is not None and record.get("finished") and self.spec.final:
             print(f"{self.verb}: {self.out} already holds this run, finished {record['finished']}; nothing to do (--overwrite redoes it)", flush=True)
             self.finished = True
@@ -266,6 +269,8 @@ class RunClaim:
             try:
                 saved = load_saved_config(self.out / CONFIG_FILENAME)
             except ConfigError as error:
+                if self.overwrite:
+                    return None, None
                 raise RunRefused(f"{self.out} holds a run whose settings cannot be read ({error}); give a new --out, or --overwrite to replace it") from None
             return None, {"config": run_settings(self.spec, saved, {})["config"]}
         if self._contents():
@@ -274,7 +279,7 @@ class RunClaim:
         return None, None
 
     def _record(self) -> dict[str, Any]:
-        return {"verb": self.verb, "settings": self.settings, "started": _now(), "finished": None}
+        return {"verb": self.verb, "settings": self.settings, "started": self._started, "finished": None}
 
     def _contents(self) -> list[Path]:
         return [p for p in self.out.iterdir() if p.name != LOCK_NAME] if self.out.is_dir() else []
@@ -296,10 +301,26 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
-def describe_os_error(error: OSError) -> str:
-    """One line for a failed file operation: what could not be done where, and why."""
-    where = error.filename
-    if where is not None and Path(where).name.endswith(".tmp"):  # an atomic write's temporary file: name its folder
+def as_os_error(error: BaseException) -> OSError | None:
+    """The failed file operation behind ``error``: itself, its cause, or the 'os error N' that libraries
+    which are not Python's (safetensors) put in their message; None when it is none of these."""
+    seen = error
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        found = re.search(r"\(os error (\d+)\)", str(seen))
+        if found:
+            number = int(found.group(1))
+            return OSError(number, os.strerror(number))
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def describe_os_error(error: OSError, out: str | Path | None = None) -> str:
+    """One line for a failed file operation: why, where (the file, or the folder of a hidden temporary or
+    lock file; ``out`` when the error does not say), and what to do."""
+    where = error.filename if error.filename is not None else out
+    if where is not None and Path(where).name.startswith("."):
         where = Path(where).parent
     reason = error.strerror or str(error)
     hint = {errno.ENOSPC: "; free some space and rerun to resume", errno.EDQUOT: "; free some space and rerun to resume",
