@@ -32,7 +32,6 @@ from worldloop.utils.stats import rate_with_stderr
 SUMMARY_FILENAME = "summary.json"
 
 
-
 @dataclass(frozen=True)
 class PlannedEpisode:
     key: str

@@ -233,11 +233,11 @@ class RunClaim:
         record, saved = self._saved()
         self._started = (record or {}).get("started") or self._started
         if record is not None and record.get("verb") not in (None, self.verb):
-            problem = f"holds a `worldloop {record.get('verb')}` run, not a {self.verb} run"
+            problem = f"holds a `worldloop {record.get('verb')}` run, not a `worldloop {self.verb}` run"
         elif saved is not None:
             changed = differences(saved, self.settings)
             shown = "; ".join(changed[:8]) + (f"; and {len(changed) - 8} more" if len(changed) > 8 else "")
-            problem = f"holds a {self.verb} run made with other settings ({shown})" if changed else None
+            problem = f"holds a `worldloop {self.verb}` run made with other settings ({shown})" if changed else None
         else:
             problem = None
         if problem and not self.overwrite:
