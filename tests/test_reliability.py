@@ -118,7 +118,7 @@ def kill_case(verb: str, tmp_path: Path, tiny_dataset: Path, squares: Path):
                                         "collect.num_envs=1", "sim.max_steps=24")  # fmt: skip
         return command, lambda out: episodes_at_least(out, random.Random(out.name).randint(1, 4)), episodes
     if verb == "sft":
-        command = lambda out: worldloop("sft", "--dataset", str(tiny_dataset), "--out", str(out), "--episodes-per-task", "1", *SFT)  # noqa: E731
+        command = lambda out: worldloop("sft", "--dataset", str(tiny_dataset), "--out", str(out), "--episodes-per-task", "1", *SFT, "sft.steps=8")  # noqa: E731
         return command, lambda out: checkpoint_at_least(out, random.Random(out.name).randint(1, 4)), weights
     if verb == "train-vae":
         command = lambda out: worldloop("train-vae", "--dataset", str(squares), "--out", str(out), "--preset", "micro",  # noqa: E731
@@ -130,7 +130,7 @@ def kill_case(verb: str, tmp_path: Path, tiny_dataset: Path, squares: Path):
         vae = tmp_path / "vae"
         tiny_vae().save_pretrained(str(vae), safe_serialization=True)
         command = lambda out: worldloop("train-wm", "--dataset", str(squares), "--vae", str(vae), "--out", str(out), "--preset", "micro",  # noqa: E731
-                                        "world_model.steps=5", "world_model.checkpoint_every=1", "world_model.batch_size=2")  # fmt: skip
+                                        "world_model.steps=6", "world_model.checkpoint_every=1", "world_model.batch_size=2")  # fmt: skip
         return command, lambda out: checkpoint_at_least(out, random.Random(out.name).randint(1, 3)), weights
     if verb == "rl":  # the trainer on the toy world (a perfect world model and judge): groups score apart, the policy moves
         command = lambda out: [sys.executable, "-c", RL_SCRIPT, str(out)]  # noqa: E731
