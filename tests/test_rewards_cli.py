@@ -37,8 +37,8 @@ def test_train_then_calibrate_reward_cli(dataset, tmp_path, capsys):
     assert calibration["episodes"] == 2 and calibration["windows"] == 2 * 3  # frames 3, 7, 11 at stride 4
     assert (cal / "histogram.png").is_file() and (cal / "config.yaml").is_file()
     assert "AUROC" in capsys.readouterr().out
-    # A missing dataset is named in the error.
-    assert main(["calibrate-reward", "--judge", str(rw), "--dataset", str(tmp_path / "nope"), "--out", str(cal)]) == 2
+    # A missing dataset is named in the error (in a new folder: cal holds the finished calibration).
+    assert main(["calibrate-reward", "--judge", str(rw), "--dataset", str(tmp_path / "nope"), "--out", str(tmp_path / "cal-nope")]) == 2
     assert "nope does not exist" in capsys.readouterr().err
 
 
@@ -62,7 +62,7 @@ def test_calibrate_reward_judges_world_model_frames(dataset, tmp_path, capsys):
     assert result["episodes"]["count"] == 8 and result["episodes"]["real_success_once"] == 0.5
     assert 0.0 <= result["window_verdict_agreement"] <= 1.0 and (cal / "histogram_imagined.png").is_file()
     assert "on imagined frames" in capsys.readouterr().out
-    assert main(["calibrate-reward", "--judge", str(rw), "--dataset", str(dataset), "--out", str(cal), "--world-model", str(tmp_path / "wm64")]) == 2
+    assert main(["calibrate-reward", "--judge", str(rw), "--dataset", str(dataset), "--out", str(tmp_path / "cal-64"), "--world-model", str(tmp_path / "wm64")]) == 2
     assert "renders 64px frames" in capsys.readouterr().err
     # The judge trained on the world model's replays too: twice the training frames, held-out replays scored.
     rw_wm = tmp_path / "rw-wm"

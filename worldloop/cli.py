@@ -2,7 +2,11 @@
 
 Each verb is a small module in :mod:`worldloop.commands` with ``HELP``, ``add_arguments(parser)``
 and ``run(args, config)``. Verbs take the common ``--preset`` and trailing dotted overrides
-(``sim.image_size=128``); a verb is listed here only once it works.
+(``sim.image_size=128``); a verb is listed here only once it works. A verb that writes a run folder
+(``--out``) declares what defines its run (``RUN``, a :class:`~worldloop.utils.runfolder.RunSpec`):
+the folder is claimed here, for every such verb alike (one run per folder, one writer at a time,
+``--overwrite`` to replace another run). Expected failures end in one line on stderr; ``--debug``
+shows the traceback.
 """
 
 from __future__ import annotations
@@ -13,8 +17,9 @@ import os
 import re
 import sys
 
-from worldloop.config import DEFAULT_PRESET, ConfigError, load_config
+from worldloop.config import DEFAULT_PRESET, ConfigError, load_config, load_saved_config
 from worldloop.utils.gl import RenderingUnavailable
+from worldloop.utils.runfolder import RunClaim, RunError, as_os_error, describe_os_error
 
 VERBS = {
     "config": "worldloop.commands.config",
@@ -45,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(verb, help=module.HELP, description=module.HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("--preset", default=DEFAULT_PRESET, help=f"preset name or YAML path (default: {DEFAULT_PRESET})")
         module.add_arguments(p)
+        p.add_argument("--debug", action="store_true", help="show the traceback of an error (also for the loop's stages)")
+        if getattr(module, "RUN", None) is not None:
+            p.add_argument("--overwrite", action="store_true", help="replace a run made with other settings in --out (its files are removed)")
         p.usage = "%(prog)s [options] [key=value ...]"
         p.epilog = "key=value: dotted config overrides anywhere on the line, e.g. sim.image_size=128 (see `worldloop config`)"
         p.set_defaults(_module=module)
@@ -61,22 +69,51 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (config overrides look like section.key=value)")
     args.overrides = rest
+    if args.debug:
+        os.environ["WORLDLOOP_DEBUG"] = "1"  # the loop's stages inherit it
+    debug = bool(os.environ.get("WORLDLOOP_DEBUG"))
     try:
         config = load_config(args.preset, args.overrides)
-        return int(args._module.run(args, config) or 0)
+        return run_command(args, config)
     except ConfigError as error:
+        if debug:
+            raise
         print(f"worldloop {args.verb}: config error: {error}", file=sys.stderr)
         return 2
     except (FileNotFoundError, ValueError, TypeError, RenderingUnavailable) as error:
-        # bad input (a missing folder, a corrupt file, a wrong shape) or no OpenGL: the message says what and where;
-        # WORLDLOOP_DEBUG=1 shows the traceback too
-        if os.environ.get("WORLDLOOP_DEBUG"):
+        # bad input (a missing folder, a corrupt file, a wrong shape) or no OpenGL: the message says what and where
+        if debug:
             raise
         print(f"worldloop {args.verb}: error: {error}", file=sys.stderr)
         return 2
+    except RunError as error:  # another run in --out, a held lock, a failed stage
+        if debug:
+            raise
+        print(f"worldloop {args.verb}: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except Exception as error:  # a read-only folder, a full disk, missing permissions (from Python or a library)
+        os_error = as_os_error(error)
+        if debug or os_error is None:
+            raise
+        print(f"worldloop {args.verb}: error: {describe_os_error(os_error, getattr(args, 'out', None))}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"\nworldloop {args.verb}: interrupted; finished work is kept, rerun the same command to resume", file=sys.stderr)
         return 130
+
+
+def run_command(args: argparse.Namespace, config) -> int:
+    """The verb, in the run folder it claims when it declares ``RUN``."""
+    spec = getattr(args._module, "RUN", None)
+    if spec is None:
+        return int(args._module.run(args, config) or 0)
+    with RunClaim(args.out, args.verb, spec, config, vars(args), overwrite=args.overwrite, read_config=load_saved_config) as claim:
+        if claim.finished:
+            return 0
+        code = int(args._module.run(args, config) or 0)
+        if code == 0:
+            claim.finish()
+        return code
 
 
 if __name__ == "__main__":

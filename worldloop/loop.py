@@ -19,6 +19,9 @@ would build it are then skipped.
 
 from __future__ import annotations
 
+import functools
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -28,6 +31,7 @@ from typing import Callable
 
 from worldloop.config import Config
 from worldloop.utils.io import atomic_write_json, read_json
+from worldloop.utils.runfolder import RunError
 
 STAGES_DIR = "stages"
 
@@ -163,7 +167,7 @@ def run_loop(
             began = time.time()
             code = verb(argv)
             if code != 0:
-                raise RuntimeError(f"loop: stage {stage.name} failed with exit code {code}; fix the cause and rerun to resume from it")
+                raise RunError(f"loop: stage {stage.name} failed with exit code {code}; fix the cause and rerun to resume from it")
             atomic_write_json(marker, {"stage": stage.name, "argv": argv, "seconds": time.time() - began})
         if stop_after == stage.name:
             break
@@ -195,8 +199,59 @@ def rl_minutes(config: Config, stages: list[Stage], seconds_so_far: dict[str, fl
 
 
 def run_verb(argv: list[str]) -> int:
-    """``worldloop ARGV`` in a child process; its exit code."""
-    return subprocess.run([sys.executable, "-m", "worldloop", *argv], check=False).returncode
+    """``worldloop ARGV`` in a child process; its exit code. The loop and its stage are one process tree:
+    the stage runs in its own process group, SIGINT/SIGTERM to the loop are passed on to that group, and
+    the stage dies with the loop however the loop dies (Linux: the kernel's parent-death signal)."""
+    child = subprocess.Popen([sys.executable, "-m", "worldloop", *argv], preexec_fn=functools.partial(_stage_process_setup, os.getpid(), _prctl()))
+    forward = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    received: list[int] = []
+
+    def pass_on(signum, frame):
+        received.append(signum)
+        try:
+            os.killpg(child.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    try:
+        for sig in forward:
+            signal.signal(sig, pass_on)
+    except ValueError:  # not the main thread: the child still dies with this process
+        forward = {}
+    try:
+        code = child.wait()
+    finally:
+        if child.poll() is None:  # the loop itself is failing: take the stage down with it
+            os.killpg(child.pid, signal.SIGTERM)
+            child.wait()
+        for sig, handler in forward.items():
+            signal.signal(sig, handler)
+    if received:
+        raise KeyboardInterrupt  # the stage has ended (it saves what it finished); so does the loop
+    return code
+
+
+def _prctl() -> Callable[..., int] | None:
+    """libc's prctl on Linux (looked up before the fork: the child only calls it), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def _stage_process_setup(loop_pid: int, prctl: Callable[..., int] | None) -> None:
+    """In the stage's process, before it runs: a process group of its own, and (Linux) SIGTERM when
+    the loop's process dies, even by SIGKILL. Elsewhere a killed loop's stage runs on to its end."""
+    os.setpgid(0, 0)
+    if prctl is not None:
+        PR_SET_PDEATHSIG = 1
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != loop_pid:  # the loop died before the request took effect
+            os._exit(1)
 
 
 def stage_seconds(run: Path) -> dict[str, float]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from worldloop.config import Config
+from worldloop.utils.runfolder import RunSpec
 
 HELP = (
     "Score labelled windows of real trajectories with a judge (a train-reward folder or topreward:PATH); "
@@ -13,6 +14,8 @@ HELP = (
     "are replayed open loop in the world model and the judge's verdicts on the imagined frames are "
     "compared with the simulator's labels (the agreement that RL in imagination relies on)."
 )
+
+RUN = RunSpec(("seed", "reward", "world_model"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

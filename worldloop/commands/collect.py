@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 
 from worldloop.config import Config, ConfigError
+from worldloop.data.configuration import PLAN_DEFINING
+from worldloop.utils.runfolder import RunSpec
 
 HELP = """Collect trajectories in the real simulator into a LeRobot v3.0 dataset (--out DIR).
 
@@ -12,6 +14,8 @@ Runs the planned episodes (collect.episodes_per_task per task of sim.suite / sim
 collect.noisy_fraction of them with the noisy expert) in parallel simulator workers. Every
 finished episode is committed at once; rerunning the same command on the same DIR resumes.
 Example: worldloop collect --out runs/c5 --episodes-per-task 5 sim.image_size=128"""
+
+RUN = RunSpec(PLAN_DEFINING, not_defining=("episodes_per_task",), final=False)  # more episodes per task extend the same plan
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 
 from worldloop.config import Config
+from worldloop.utils.runfolder import RunSpec
 
 HELP = "Evaluate a policy folder (or 'expert') in the real simulator: success_once per task with standard errors, videos."
+
+RUN = RunSpec(("seed", "sim", "eval"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

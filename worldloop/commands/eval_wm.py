@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from worldloop.config import Config, save_config
+from worldloop.utils.runfolder import RunSpec
 
 HELP = """Replay the recorded actions of held-out episodes of --dataset open-loop in the world model,
 from their real first frames, and compare with the real frames at world_model.eval_horizons:
@@ -15,6 +16,8 @@ With --counterfactual, the simulator is driven by the same swapped actions from 
 task and seed (a dataset from `worldloop collect`): does the model move the scene as the simulator does?
 Writes OUT/metrics.json, real|generated mp4s and PNG strips.
 Example: worldloop eval-wm --world-model runs/wm --dataset runs/data --out runs/wm-eval"""
+
+RUN = RunSpec(("seed", "sim", "world_model"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from worldloop.config import Config
+from worldloop.utils.runfolder import RunSpec
 
 HELP = """The fidelity gate, run by `worldloop loop` before RL: on each task, loop.gate_episodes_per_task real
 episodes of --policy (initial states apart from the evaluations'), their actions replayed open loop in
@@ -18,6 +19,8 @@ OUT gets gate.json (every number, the passing tasks, why the others fail), gate.
 judge_calibration.json/.png (the threshold's choice).
 Example: worldloop gate --policy runs/mw/policy_base --world-model runs/mw/wm_base --judge runs/mw/judge \\
          --dataset runs/mw/rollouts_base --out runs/mw/gate"""
+
+RUN = RunSpec(("seed", "sim", "eval", "reward", "world_model", "rl", "loop.gate_episodes_per_task", "loop.gate_min_kappa"))
 
 FIRST_EPISODE = 1000
 """The gate's real episodes use the eval verb's initial states from this episode number on: apart from every

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from worldloop.config import Config, ConfigError
+from worldloop.utils.runfolder import RunSpec
 
 HELP = """Extract keyframes for keyframe-initialised rollouts (KIR) into --out KF.
 
@@ -16,6 +17,8 @@ rollouts (rl.kir_failure_episodes_per_task per task of sim.tasks, or of the data
 preceding frames, the actions before it and its episode's first frame. Format: KF/index.json
 (entries: episode, frame, reason, source, instruction) + KF/keyframes.npz (see worldloop.rl.kir).
 Example: worldloop kir --dataset runs/demo/dataset --policy runs/demo/sft --out runs/demo/dataset/keyframes"""
+
+RUN = RunSpec(("seed", "sim", "eval", "rl"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

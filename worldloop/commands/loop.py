@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from worldloop.config import Config
+from worldloop.utils.runfolder import RunSpec
 
 HELP = """Take a base policy to a better one and show the evidence, in one command:
 expert demos -> SFT base policy -> base rollouts -> VAE + world model -> judge -> fidelity gate
@@ -16,6 +18,8 @@ products with --dataset, --base-policy, --world-model or --judge. The fidelity g
 lets RL train only on the tasks whose replays in the world model the judge reads as the simulator does
 (loop.gate_min_kappa); --time-budget MIN (loop.time_budget_min) gives RL what the stages before it left.
 Example: worldloop loop --preset tiny-cpu --out runs/loop"""
+
+RUN = RunSpec(tuple(f.name for f in dataclasses.fields(Config) if f.name not in ("preset", "device")))  # its stages read every section
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from worldloop.config import Config, ConfigError
+from worldloop.utils.runfolder import RunSpec
 
 HELP = """Post-train a policy with RL (masked GRPO by default, rl.algorithm=ppo for PPO) into --out RUN.
 
@@ -21,6 +22,8 @@ With rl.refine_every > 0 the world model also learns, every that many iterations
 rollouts (rl.refine_episodes_per_task per task; OUT/refine keeps their clips, OUT/world_model the refined model).
 Example: worldloop rl --policy runs/sft --world-model runs/wm --judge runs/rw --dataset runs/data \\
          --keyframes runs/data/keyframes --out runs/rl rl.iterations=50"""
+
+RUN = RunSpec(("seed", "sim", "eval", "reward", "world_model", "rl"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 
 from worldloop.config import Config
+from worldloop.utils.runfolder import RunSpec
 
 HELP = "Fine-tune the compact VLA on demonstrations (action-token cross-entropy); resumes from OUT's checkpoints."
+
+RUN = RunSpec(("seed", "policy", "sft"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from worldloop.config import Config
+from worldloop.utils.runfolder import RunSpec
 
 HELP = (
     "Train the ResNet-18 success classifier (reward.classifier.*, trained as reward.training.* says) on a dataset's success labels; "
@@ -13,6 +14,8 @@ HELP = (
     "with the simulator's labels (the judge then knows the frames it will judge in RL), and held-out replays are "
     "scored too (held_out_imagined). Rerun the same command to resume."
 )
+
+RUN = RunSpec(("seed", "sim.chunk_size", "reward", "world_model"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

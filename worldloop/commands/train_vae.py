@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 
 from worldloop.config import Config, save_config
+from worldloop.utils.runfolder import RunSpec
 
 HELP = """Train the world model's video VAE (diffusers AutoencoderKLWan, vae.size) from scratch on the
 frames of --dataset, or load vae.pretrained (a local diffusers folder, e.g. the Wan2.2 VAE).
 Writes a diffusers-format VAE folder to --out with metrics.json (held-out PSNR/SSIM), TensorBoard
 logs in OUT/tb and checkpoints; rerunning the same command resumes.
 Example: worldloop train-vae --dataset runs/data --out runs/vae vae.steps=2000"""
+
+RUN = RunSpec(("seed", "vae"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

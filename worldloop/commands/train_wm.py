@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 
 from worldloop.config import Config, save_config
+from worldloop.utils.runfolder import RunSpec
 
 HELP = """Train the action-conditioned DiT (world_model.size) on --dataset with the VAE in --vae.
 Clips are encoded once (OUT/latents.safetensors), then rectified flow with context-noise
 augmentation and static clips; EMA weights are saved to --out as a world-model folder
 (config.json, model.safetensors, vae/). TensorBoard in OUT/tb; rerunning resumes exactly.
 Example: worldloop train-wm --dataset runs/data --vae runs/vae --out runs/wm world_model.steps=4000"""
+
+RUN = RunSpec(("seed", "world_model"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -25,25 +25,11 @@ import numpy as np
 import torch
 
 from worldloop.config import CONFIG_FILENAME, ConfigError, load_saved_config, save_config
+from worldloop.data.configuration import PLAN_DEFINING
 from worldloop.utils.io import atomic_write_json
 from worldloop.utils.stats import rate_with_stderr
 
 SUMMARY_FILENAME = "summary.json"
-
-# Settings that change what a planned episode contains; a folder collected with other values
-# cannot be resumed (the completed keys would mean different episodes).
-PLAN_DEFINING = (
-    "seed",
-    "sim.backend",
-    "sim.image_size",
-    "sim.camera",
-    "sim.shadows",
-    "sim.max_steps",
-    "sim.success_hold_steps",
-    "expert",
-    "collect.noisy_fraction",
-    "collect.fps",
-)
 
 
 @dataclass(frozen=True)
@@ -238,20 +224,18 @@ def collect(
 def check_resumable(config, out: Path) -> None:
     """Refuse to write into ``out`` when it holds a collection made with incompatible settings,
     or anything that is not a worldloop dataset."""
+    from worldloop.utils.runfolder import LOCK_NAME, RUN_FILE, RunSpec, differences, run_settings
+
     saved_path = out / CONFIG_FILENAME
     if saved_path.is_file():
-        saved = load_saved_config(saved_path)
-        differences = [
-            f"{key}: {_get(saved, key)!r} there, {_get(config, key)!r} now"
-            for key in PLAN_DEFINING
-            if _get(saved, key) != _get(config, key)
-        ]
-        if differences:
+        plan = RunSpec(PLAN_DEFINING)
+        changed = differences(run_settings(plan, load_saved_config(saved_path), {}), run_settings(plan, config, {}))
+        if changed:
             raise ConfigError(
-                f"{out} was collected with other settings and cannot be resumed with these ({'; '.join(differences)}); "
+                f"{out} was collected with other settings and cannot be resumed with these ({'; '.join(changed)}); "
                 "use another --out folder or the same settings"
             )
-    elif out.exists() and any(p for p in out.iterdir() if p.name != ".writer.lock"):
+    elif out.exists() and any(p for p in out.iterdir() if p.name not in (LOCK_NAME, RUN_FILE)):
         raise ConfigError(f"{out} exists and is not a worldloop collection (no {CONFIG_FILENAME}); choose an empty or new --out folder")
 
 
@@ -292,15 +276,6 @@ def format_summary(summary: dict[str, Any]) -> str:
             lines.append("-" * len(header))
         lines.append(f"{name:<26} {b['episodes']:>8} {rate(b):>15} {rate(b['clean']):>15} {rate(b['noisy']):>15} {b['mean_length']:>9.1f}")
     return "\n".join(lines)
-
-
-def _get(config, dotted: str) -> Any:
-    import dataclasses
-
-    value = config
-    for part in dotted.split("."):
-        value = getattr(value, part)
-    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
 
 
 @contextmanager

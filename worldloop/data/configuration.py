@@ -4,6 +4,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Settings that change what a planned episode contains; a folder collected with other values
+# cannot be resumed (the completed keys would mean different episodes).
+PLAN_DEFINING = (
+    "seed",
+    "sim.backend",
+    "sim.image_size",
+    "sim.camera",
+    "sim.shadows",
+    "sim.max_steps",
+    "sim.success_hold_steps",
+    "expert",
+    "collect.noisy_fraction",
+    "collect.fps",
+)
+
 
 @dataclass
 class CollectConfig:

@@ -18,7 +18,6 @@ removes such orphans and rewrites the derived meta files from the committed epis
 
 from __future__ import annotations
 
-import fcntl
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +26,7 @@ import numpy as np
 from worldloop.data import lerobot_format as fmt
 from worldloop.data.video import video_codec, write_mp4
 from worldloop.utils.io import atomic_path, atomic_write_json, read_json
-
-LOCK_NAME = ".writer.lock"
+from worldloop.utils.runfolder import LOCK_NAME, FolderLock  # noqa: F401  (LOCK_NAME: the lock file's name, for readers)
 
 
 class DatasetWriter:
@@ -54,12 +52,7 @@ class DatasetWriter:
         self.fps, self.image_size, self.action_dim, self.state_dim = int(fps), int(image_size), int(action_dim), state_dim
         self.image_key, self.chunks_size, self.crf = image_key, int(chunks_size), int(crf)
         self.root.mkdir(parents=True, exist_ok=True)
-        self._lock = open(self.root / LOCK_NAME, "w")
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock.close()
-            raise RuntimeError(f"{self.root} is being written by another process (lock {self.root / LOCK_NAME} is held)") from None
+        self._lock = FolderLock(self.root).acquire()
 
         self.info = self._new_info()
         self.tasks: list[str] = []
@@ -163,9 +156,7 @@ class DatasetWriter:
         return episode_index
 
     def close(self) -> None:
-        if not self._lock.closed:
-            fcntl.flock(self._lock, fcntl.LOCK_UN)
-            self._lock.close()
+        self._lock.release()
 
     def __enter__(self) -> "DatasetWriter":
         return self
@@ -175,8 +166,8 @@ class DatasetWriter:
 
     def __del__(self) -> None:
         lock = getattr(self, "_lock", None)
-        if lock is not None and not lock.closed:
-            lock.close()
+        if lock is not None:
+            lock.release()
 
     # ----------------------------------------------------------------------------------------
     # Layout

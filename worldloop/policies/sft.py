@@ -194,7 +194,7 @@ def fit_policy(
     from tqdm import tqdm
 
     from worldloop.config import save_config
-    from worldloop.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from worldloop.utils.checkpoint import announce_resume, latest_checkpoint, load_checkpoint, save_checkpoint
     from worldloop.utils.device import resolve_device
     from worldloop.utils.io import atomic_write_json
 
@@ -235,17 +235,17 @@ def fit_policy(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, sft.warmup_steps, sft.steps))
     sampler = torch.Generator().manual_seed(config.seed)
     stateful = {"optimizer": optimizer, "scheduler": scheduler, "sampler": sampler}
-    start = 0
+    start, last_loss = 0, float("nan")
     resume = latest_checkpoint(out)
     if resume is not None:
-        start, _ = load_checkpoint(resume, {"model": policy}, stateful)
-        print(f"sft: resuming from {resume} (step {start})")
+        start, saved = load_checkpoint(resume, {"model": policy}, stateful)
+        last_loss = saved.get("train_loss", last_loss)
+        announce_resume("sft", resume, start)
     out.mkdir(parents=True, exist_ok=True)
     save_config(config, out)
 
     writer = SummaryWriter(str(out / "tb"))
     metrics: dict[str, float] = {}
-    last_loss = float("nan")
     started = time.time()
     end = sft.steps if stop_after is None else min(sft.steps, stop_after)
     progress = tqdm(range(start, end), initial=start, total=sft.steps, desc="sft", dynamic_ncols=True, disable=None)
@@ -279,13 +279,15 @@ def fit_policy(
             metrics = held_out_metrics(policy, held_out, held_out_tokens, sft.batch_size)
             for name, value in metrics.items():
                 writer.add_scalar(f"held_out/{name}", value, done)
-        if done < sft.steps and (done % sft.checkpoint_every == 0 or done == end):
+        if done % sft.checkpoint_every == 0 or done == end:  # the last step too: a rerun of a finished run trains no step again
             save_checkpoint(out, done, {"model": policy}, stateful, extra={"train_loss": last_loss})
     progress.close()
     writer.close()
     elapsed = time.time() - started
     if end < sft.steps:
         return {"stopped_at": end}
+    if held_out is not None and not metrics:  # resumed from the last step's checkpoint: the final evaluation is still due
+        metrics = held_out_metrics(policy, held_out, held_out_tokens, sft.batch_size)
 
     results = {
         "steps": sft.steps,

@@ -19,7 +19,7 @@ from worldloop.rewards.classifier import MODEL_SUBFOLDER, SuccessClassifier
 from worldloop.rewards.configuration import RewardConfig
 from worldloop.rewards.labels import NO_POSITIVE_HINT, LabelledFrames
 from worldloop.rewards.metrics import at_threshold, auroc, episode_verdict_metrics, max_kappa_threshold, per_episode, suggest_thresholds
-from worldloop.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from worldloop.utils.checkpoint import announce_resume, latest_checkpoint, load_checkpoint, save_checkpoint
 from worldloop.utils.device import autocast_dtype
 from worldloop.utils.io import atomic_write_json
 
@@ -114,7 +114,7 @@ def train_classifier(
     checkpoint = latest_checkpoint(out)
     if checkpoint is not None:
         step, _ = load_checkpoint(checkpoint, {"model": model}, {"optimizer": optimizer})
-        print(f"train-reward: resuming from {checkpoint} (step {step})")
+        announce_resume("train-reward", checkpoint, step)
 
     data = train.to(device)  # uint8 frames live on the device: batches are gathered there
     positives = torch.nonzero(data.success).squeeze(1)

@@ -51,7 +51,7 @@ from worldloop.rl.curves import plot_curves
 from worldloop.rl.losses import clipped_policy_loss, clipped_value_loss, entropy_bonus, kl_penalty
 from worldloop.rl.rollout import Rollout, autocast, check_compatible, collect, policy_device
 from worldloop.rl.summary import results_table, sources_by_task_rows, sources_line  # noqa: F401  (the last two: read from here by worldloop.report)
-from worldloop.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from worldloop.utils.checkpoint import announce_resume, latest_checkpoint, load_checkpoint, save_checkpoint
 from worldloop.utils.io import atomic_write_json, atomic_write_text
 
 SHOWN = ("env/success_once", "env/return", "env/episode_len", "rollout/kept_groups", "actor/policy_loss", "actor/approx_kl_before_update",
@@ -103,6 +103,7 @@ def train(
     checkpoint = latest_checkpoint(out)
     if checkpoint is not None:
         start, extra = load_checkpoint(checkpoint, modules, stateful)
+        announce_resume("rl", checkpoint, start)
         history = extra["history"]
         if extra.get("refining") and not refining:  # its refined world model lives in the checkpoint: without it the run would go on in the old one
             raise ValueError(f"{out} refined its world model on the policy's real rollouts (rl.refine_every); resume it with the same rl.refine_* settings")

@@ -80,6 +80,11 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return complete[-1] if complete else None
 
 
+def announce_resume(who: str, checkpoint: Path, step: int) -> None:
+    """The one line every resumable verb prints when it goes on from a checkpoint."""
+    print(f"{who}: resuming from {checkpoint} at step {step}", flush=True)
+
+
 def load_checkpoint(
     path: str | Path,
     modules: dict[str, torch.nn.Module],

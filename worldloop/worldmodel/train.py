@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from worldloop.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from worldloop.utils.checkpoint import announce_resume, latest_checkpoint, load_checkpoint, save_checkpoint
 from worldloop.utils.io import atomic_path, atomic_write_json, read_json
 from worldloop.worldmodel import vae as vae_lib
 from worldloop.worldmodel.clips import episode_clips, predecessors
@@ -191,6 +191,7 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
         checkpoint = latest_checkpoint(out)
         if checkpoint is not None:
             step, extra = load_checkpoint(checkpoint, {"vae": vae}, stateful)
+            announce_resume("train-vae", checkpoint, step)
             budget.seconds_done = extra.get("seconds", 0.0)
         writer = SummaryWriter(str(out / "tb"))
         losses = []
@@ -382,6 +383,7 @@ def train_world_model(
             raise ValueError(f"checkpoint {checkpoint} cannot resume this run: it differs in {differ} "
                              f"(checkpoint {saved_shape}, this run {shape}); train into a new --out or match the settings")
         step, extra = load_checkpoint(checkpoint, modules, stateful)
+        announce_resume("train-wm", checkpoint, step)
         budget.seconds_done = extra.get("seconds", 0.0)
 
     writer = SummaryWriter(str(out / "tb"))
