@@ -110,7 +110,7 @@ def test_experiment_runs_the_base_once_every_arm_and_seed_resumes_and_analyses(t
     tasks, calls = list(config.sim.tasks), []
     verb = fake_verb(calls, tasks, 4, config.eval.seed_offset)
     arms = ["full", "shuffled", "real_grpo"]
-    run_experiment(config, "exp", Inputs(), "micro", overrides, arms, seeds=2, verb=verb, parallel=2)
+    run_experiment(config, "exp", Inputs(), "micro", overrides, arms, seeds=2, verb=verb, parallel=2, through_vae=True)
 
     assert [argv[0] for argv in calls].count("sft") == 1 and [argv[0] for argv in calls].count("gate") == 1  # the base, once
     rl = [argv for argv in calls if argv[0] == "rl"]
@@ -130,8 +130,11 @@ def test_experiment_runs_the_base_once_every_arm_and_seed_resumes_and_analyses(t
         assert all(OVERRIDE.fullmatch(a) for a in rest), (argv, rest)
     assert (tmp_path / "exp" / "arms" / "shuffled" / "seed1" / "stages" / "eval_rl2.json").is_file()
 
+    vae_evals = [argv for argv in calls if argv[0] == "eval" and "--world-model" in argv]  # the secondary endpoint: base and 3 arms x 2 seeds
+    assert len(vae_evals) == 7 and all(argv[argv.index("--world-model") + 1] == "exp/base/vae" for argv in vae_evals)
+
     calls.clear()  # a rerun resumes: nothing left to do
-    run_experiment(config, "exp", Inputs(), "micro", overrides, arms, seeds=2, verb=verb)
+    run_experiment(config, "exp", Inputs(), "micro", overrides, arms, seeds=2, verb=verb, through_vae=True)
     assert calls == []
 
     verdicts = json.loads((tmp_path / "exp" / "verdicts.json").read_text())
@@ -147,7 +150,9 @@ def test_experiment_runs_the_base_once_every_arm_and_seed_resumes_and_analyses(t
     assert primary["versus_full"]["shuffled"]["p_exact"] == pytest.approx(2 / 6)  # 2 seeds per arm: C(4, 2) = 6 splits
     assert result["imagined_vs_real"]["full"]["imagined"]["change"] == pytest.approx(1.0)
     text = (tmp_path / "exp" / "analysis.md").read_text()
-    assert "| shuffled - full | 2, 2 | -0.500 |" in text and "## Primary endpoint" in text
+    assert "| shuffled - full | 2, 2 | -0.500 |" in text and "## Primary endpoint" in text and "## Secondary endpoint" in text
+    assert result["endpoints"]["through_vae"]["per_arm"]["full"]["change"] == pytest.approx(0.75)
+    assert "| full | 2 | rl2 @ 2 | 0.000 -> 0.500 | +0.500 ± 0.000 |" in text  # RL's own checks, read where the arm ended
     # a committed folder (verdicts.json alone) gives the same analysis
     committed = tmp_path / "committed"
     committed.mkdir()

@@ -100,7 +100,8 @@ def imagined_vs_real(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
         checks = [block["rl"] for block in seeds.values() if block.get("rl")]
         if not checks:
             continue
-        row: dict[str, Any] = {"seeds": len(checks), "episodes": checks[0]["last"]["episodes"]}
+        last = checks[0]["last"]
+        row: dict[str, Any] = {"seeds": len(checks), "episodes": last["episodes"], "read_at": f"{last['stage']} @ {last['iteration']}"}
         for source in ("real", "imagined"):
             pairs = [(c["first"][source], c["last"][source]) for c in checks if c["first"][source] is not None and c["last"][source] is not None]
             if pairs:
@@ -188,11 +189,11 @@ def render(result: dict[str, Any], about: dict[str, str]) -> str:
         lines.append("")
     if result["imagined_vs_real"]:
         lines += ["## Imagined against real (RL's own checks: the same policy and initial states in the world model and the simulator)", "",
-                  "| arm | seeds | real first -> last | real change ± SE | imagined first -> last | imagined change ± SE |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+                  "| arm | seeds | last check | real first -> last | real change ± SE | imagined first -> last | imagined change ± SE |",
+                  "| --- | ---: | --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
         for arm, row in result["imagined_vs_real"].items():
             cells = [f"{s['first']:.3f} -> {s['last']:.3f} | {s['change']:+.3f} ± {_se(s['stderr'])}" if s else "- | -" for s in (row.get("real"), row.get("imagined"))]
-            lines.append(f"| {arm} | {row['seeds']} | {cells[0]} | {cells[1]} |")
+            lines.append(f"| {arm} | {row['seeds']} | {row['read_at']} | {cells[0]} | {cells[1]} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -120,6 +120,9 @@ def run_experiment(
         raise ValueError(f"--arms: unknown arm(s) {', '.join(unknown)}; the arms: {', '.join(ARMS)}")
     if seeds < 1 or parallel < 1:
         raise ValueError(f"--seeds and --parallel must be >= 1, got {seeds} and {parallel}")
+    if seeds < 4:
+        print(f"experiment: WARNING {seeds} seed(s) per arm: the exact test of one arm against another over seeds cannot reach "
+              f"p < 0.05 (its smallest p is 2 / C(2n, n) = {2 / math.comb(2 * seeds, seeds):.2g}); 4 seeds can (0.029)")  # fmt: skip
     from worldloop.sims.tasks import resolve_tasks
 
     run = Path(run)

@@ -17,13 +17,14 @@ The arms:
 real_grpo trains for as many iterations as it takes to spend the real trajectories the full arm consumes (base rollouts,
 evolved-policy rollouts and rl.refine_every's rounds; RUN/experiment.json says how many).
 Then `worldloop analyse RUN` writes RUN/analysis.md and RUN/analysis.json.
-Example: worldloop experiment --preset micro --out runs/exp --arms full,shuffled --seeds 3"""
+Example: worldloop experiment --preset micro --out runs/exp --arms full,shuffled --seeds 4"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="experiment folder (resumed when it exists)")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms (default: all: {','.join(ARMS)})")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per arm (default: 3)")
+    parser.add_argument("--seeds", type=int, default=4, help="seeds per arm (default: 4, the fewest at which the exact test of two arms "
+                        "over seeds can reach p < 0.05)")
     parser.add_argument("--parallel", type=int, default=1, help="arm x seed runs side by side (on one GPU where its memory allows; default: 1)")
     parser.add_argument("--through-vae", action="store_true", help="also evaluate the base and every final policy observing the simulator "
                         "through the world model's VAE (the secondary endpoint)")
