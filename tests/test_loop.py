@@ -31,6 +31,10 @@ def test_plan_skips_what_the_user_brings(tmp_path):
     assert wm_evo[wm_evo.index("--vae") + 1] == str(Path("w") / "vae") and wm_evo[wm_evo.index("--init") + 1] == "w"
     no_pace = [s.name for s in plan(load_config("micro", ["loop.pace=false"]), tmp_path, Inputs())[0]]
     assert no_pace[-1] == "eval_rl1" and "wm_evo" not in no_pace
+    # on another run's base stages (an experiment's arm): RL and what follows only, on that run's products
+    stages, paths = plan(config, tmp_path / "arm", Inputs(base=str(tmp_path / "base")))
+    assert stages[0].name == "rl1" and all(s.gated for s in stages) and paths["judge"] == str(tmp_path / "base" / "judge")
+    assert paths["rl2"] == str(tmp_path / "arm" / "rl2")
 
 
 def test_failed_stage_stops_the_loop_and_leaves_no_marker(tmp_path):

@@ -33,6 +33,8 @@ VERBS = {
     "kir": "worldloop.commands.kir",
     "gate": "worldloop.commands.gate",
     "loop": "worldloop.commands.loop",
+    "experiment": "worldloop.commands.experiment",
+    "analyse": "worldloop.commands.analyse",
     "rl": "worldloop.commands.rl",
     "train-reward": "worldloop.commands.train_reward",
     "calibrate-reward": "worldloop.commands.calibrate_reward",

@@ -56,20 +56,24 @@ class Inputs:
     base_policy: str | None = None
     world_model: str | None = None
     judge: str | None = None
+    base: str | None = None
+    """A run folder whose stages before RL (demos .. keyframes, the fidelity gate included) are done, e.g.
+    `worldloop experiment`'s RUN/base: only RL and the stages after it run, on that folder's products."""
 
 
 def plan(config: Config, run: Path, inputs: Inputs) -> tuple[list[Stage], dict[str, str]]:
     """The stages to run, in order, and the paths of everything they produce."""
     lp = config.loop
+    base = Path(inputs.base) if inputs.base else run
     paths = {
-        "demos": inputs.dataset or str(run / "demos"),
-        "policy_base": inputs.base_policy or str(run / "policy_base"),
-        "rollouts_base": str(run / "rollouts_base"),
-        "vae": str(Path(inputs.world_model) / "vae") if inputs.world_model else str(run / "vae"),  # a world model keeps its VAE in vae/
-        "wm_base": inputs.world_model or str(run / "wm_base"),
-        "judge": inputs.judge or (lp.judge if lp.judge.startswith("topreward:") else str(run / "judge")),
-        "gate": str(run / "gate"),
-        "keyframes": str(run / "keyframes"),
+        "demos": inputs.dataset or str(base / "demos"),
+        "policy_base": inputs.base_policy or str(base / "policy_base"),
+        "rollouts_base": str(base / "rollouts_base"),
+        "vae": str(Path(inputs.world_model) / "vae") if inputs.world_model else str(base / "vae"),  # a world model keeps its VAE in vae/
+        "wm_base": inputs.world_model or str(base / "wm_base"),
+        "judge": inputs.judge or (lp.judge if lp.judge.startswith("topreward:") else str(base / "judge")),
+        "gate": str(base / "gate"),
+        "keyframes": str(base / "keyframes"),
         "rl1": str(run / "rl1"),
         "rollouts_evo": str(run / "rollouts_evo"),
         "wm_evo": str(run / "wm_evo"),
@@ -124,6 +128,8 @@ def plan(config: Config, run: Path, inputs: Inputs) -> tuple[list[Stage], dict[s
         stages.append(Stage("rl2", ["rl", "--policy", f"{p['rl1']}/policy", "--world-model", p["wm_evo"], "--out", p["rl2"], *rl_inputs]))
         stages.append(Stage("eval_rl2", ["eval", "--policy", f"{p['rl2']}/policy", "--out", str(run / "eval_rl2"), *ev]))
     stages[gated:] = [replace(stage, gated=True) for stage in stages[gated:]]
+    if inputs.base is not None:
+        del stages[:gated]  # built in inputs.base
     return stages, paths
 
 
@@ -142,40 +148,57 @@ def run_loop(
     from worldloop.config import save_config
     from worldloop.report import write_report
 
-    verb = verb or run_verb
     run = Path(run)
     run.mkdir(parents=True, exist_ok=True)
     save_config(config, run)
     stages, paths = plan(config, run, inputs)
+    run_stages(config, run, stages, Path(paths["gate"]), preset, overrides, verb, stop_after)
+    return write_report(run, paths, stage_seconds(run))
+
+
+def run_stages(
+    config: Config,
+    run: Path,
+    stages: list[Stage],
+    gate: Path,
+    preset: str,
+    overrides: list[str],
+    verb: Callable[[list[str]], int] | None = None,
+    stop_after: str | None = None,
+    label: str = "loop",
+) -> None:
+    """Run every stage of ``stages`` that has no marker in ``run``/stages yet, in order (a gated one with what the
+    fidelity gate in ``gate`` says); ``label`` starts every line printed."""
+    verb = verb or run_verb
     if stop_after is not None and stop_after not in [stage.name for stage in stages]:
         raise ValueError(f"--until {stop_after}: not a stage of this loop; its stages: {', '.join(stage.name for stage in stages)}")
     for index, stage in enumerate(stages):
         marker = run / STAGES_DIR / f"{stage.name}.json"
         if marker.is_file():
-            print(f"loop: {stage.name} already complete, skipped")
+            print(f"{label}: {stage.name} already complete, skipped")
         else:
-            said = gate_arguments(config, Path(paths["gate"])) if stage.gated else ([], [])
+            said = gate_arguments(config, gate) if stage.gated else ([], [])
             if said is None:
-                print(f"loop: {stage.name} skipped: no task passed the fidelity gate ({paths['gate']}/gate.md)")
+                print(f"{label}: {stage.name} skipped: no task passed the fidelity gate ({gate}/gate.md)")
                 atomic_write_json(marker, {"stage": stage.name, "skipped": "no task passed the fidelity gate", "seconds": 0.0})
                 continue
             tasks, settings = said if stage.argv[0] == "rl" else ([], [])  # the gate speaks to the RL stages
             if stage.argv[0] == "rl" and config.loop.time_budget_min:
                 settings = [*settings, f"rl.time_limit_min={rl_minutes(config, stages[index:], stage_seconds(run)):.2f}"]
             argv = [*stage.argv, *tasks, "--preset", preset, *overrides, *stage.overrides, *settings]
-            print(f"loop: stage {stage.name}: worldloop {' '.join(argv)}", flush=True)
+            print(f"{label}: stage {stage.name}: worldloop {' '.join(argv)}", flush=True)
             began = time.time()
             code = verb(argv)
             if code != 0:
-                raise RunError(f"loop: stage {stage.name} failed with exit code {code}; fix the cause and rerun to resume from it")
+                raise RunError(f"{label}: stage {stage.name} failed with exit code {code}; fix the cause and rerun to resume from it")
             atomic_write_json(marker, {"stage": stage.name, "argv": argv, "seconds": time.time() - began})
         if stop_after == stage.name:
             break
-    return write_report(run, paths, stage_seconds(run))
 
 
 def gate_arguments(config: Config, gate: Path) -> tuple[list[str], list[str]] | None:
     """What the fidelity gate says to a stage after it: (RL's --tasks, config overrides), or None when no task passed.
+    Only RL stages take the tasks: the evaluations after RL keep the base evaluation's tasks and initial states.
     RL trains on the tasks that passed, at the judge threshold the gate chose on its replays (unless
     rl.judge_threshold=replay, which chooses again on the RL stage's own starting policy)."""
     result = read_json(gate / "gate.json")

@@ -25,7 +25,7 @@ def first_done_index(done: torch.Tensor) -> torch.Tensor:
 
 def loss_mask(done: torch.Tensor, mask_after_success: bool = True) -> torch.Tensor:
     """(N, T) bool: chunks up to and including the first done; everything after is masked.
-    With ``mask_after_success=False`` (WoVR's ablation; no setting asks for it) every collected chunk counts."""
+    With ``mask_after_success=False`` (WoVR's ablation, rl.mask_after_success) every collected chunk counts."""
     if not mask_after_success:
         return torch.ones_like(done, dtype=torch.bool)
     index = torch.arange(done.shape[1], device=done.device)

@@ -105,6 +105,9 @@ class RLConfig:
     train_temperature: float = 1.6
     """Sampling temperature of the policy while collecting training rollouts (old and new log-probs use it too);
     evaluations sample like the eval verb (eval.temperature, eval.greedy)."""
+    mask_after_success: bool = True
+    """Mask every chunk after the first success (WoVR); False keeps the whole rollout in the loss: WoVR's ablation,
+    the `no_mask` arm of `worldloop experiment`."""
     filter_groups: bool = True
     """Drop groups whose scores are all equal (all fail or all succeed): they carry no GRPO signal."""
     update_epochs: int = 2

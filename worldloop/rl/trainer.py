@@ -130,7 +130,7 @@ def train(
         metrics["time/rollout"] = time.perf_counter() - began
 
         # 2. Scores over the valid chunks: up to and including the first success (or the end of the episode).
-        mask = loss_mask(rollout.done | rollout.success)  # (N, T)
+        mask = loss_mask(rollout.done | rollout.success, rl.mask_after_success)  # (N, T)
         scores = trajectory_scores(rollout.rewards, mask)  # (N,)
         if rl.diagnostics.shuffled_scores:  # the control run: the same groups' scores, each credited to another member
             scores = shuffled_within_groups(scores, group_size, torch.Generator().manual_seed(seed * 1_000_003 + iteration))

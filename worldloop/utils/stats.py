@@ -80,3 +80,90 @@ def agreement_beyond_chance(first: Sequence[bool], second: Sequence[bool], strat
     kappa = (agreement - chance) / (1.0 - chance)
     kappa_stderr = math.sqrt(agreement * (1.0 - agreement) / n) / (1.0 - chance)
     return {"agreement": agreement, "chance": chance, "kappa": kappa, "kappa_stderr": kappa_stderr}
+
+
+# --------------------------------------------------------------------------------------------
+# Tests for experiments (arms x seeds): exact where the counts are small, as a skeptic asks
+
+
+def sign_test_p(gained: int, lost: int) -> float:
+    """Exact two-sided sign test (McNemar's exact test) on the discordant pairs of a paired 0/1 comparison:
+    under no effect each of the ``gained + lost`` episodes that flipped did so up or down with probability 1/2, so
+    p = min(1, 2 P(X <= min(gained, lost))), X ~ Binomial(gained + lost, 1/2); 1 when no episode flipped."""
+    if gained < 0 or lost < 0:
+        raise ValueError(f"a sign test counts flips, got gained={gained}, lost={lost}")
+    flips = gained + lost
+    tail = sum(math.comb(flips, k) for k in range(min(gained, lost) + 1)) / 2**flips
+    return min(1.0, 2.0 * tail)
+
+
+def normal_p(z: float) -> float:
+    """Two-sided p of a standard-normal statistic: P(|Z| >= |z|)."""
+    return math.erfc(abs(z) / math.sqrt(2.0))
+
+
+def paired_test(before: Sequence[bool], after: Sequence[bool]) -> dict[str, float | int | None]:
+    """:func:`paired_difference` with its two tests side by side: ``z`` = difference / paired SE and its normal ``p_normal``
+    (None when no episode flipped, or every one did), and the exact sign test on the flips, ``p_exact`` (:func:`sign_test_p`)."""
+    change = paired_difference(before, after)
+    z = change["difference"] / change["stderr"] if change["stderr"] > 0 else None
+    return change | {"z": z, "p_normal": None if z is None else normal_p(z), "p_exact": sign_test_p(change["gained"], change["lost"])}
+
+
+def mean_with_stderr(values: Sequence[float]) -> tuple[float, float | None]:
+    """Mean of ``values`` (e.g. one change per seed) and its standard error sqrt(s^2 / n), s^2 the sample variance; None for n < 2."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("a mean needs at least one value")
+    mean = sum(values) / n
+    if n < 2:
+        return mean, None
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
+_TIE = 1e-12  # statistics equal up to rounding count as at least as extreme
+
+
+def sign_flip_p(values: Sequence[float]) -> float:
+    """Exact two-sided permutation test that ``values`` (one per seed) are centred on 0: under no effect each value's
+    sign is as likely flipped, so p is the share of the 2^n sign assignments whose |sum| is at least the observed one.
+    Its smallest p is 2 / 2^n: 0.25 with 3 seeds, 0.0625 with 5, 0.031 with 6."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("a sign-flip test needs at least one value")
+    observed = abs(sum(values))
+    extreme = sum(abs(sum(v if (mask >> i) & 1 else -v for i, v in enumerate(values))) >= observed - _TIE for mask in range(2**n))
+    return extreme / 2**n
+
+
+def permutation_p(first: Sequence[float], second: Sequence[float]) -> float:
+    """Exact two-sided permutation test that two groups of values (e.g. two arms' changes, one per seed) share one
+    distribution: the share of the C(n + m, n) ways to split the pooled values into groups of n and m whose difference of
+    means is, in absolute value, at least the observed one. Its smallest p is 2 / C(2n, n) with n seeds per arm: 0.1 with 3,
+    0.0079 with 5."""
+    import itertools
+
+    n, m = len(first), len(second)
+    if n == 0 or m == 0:
+        raise ValueError(f"a permutation test needs values in both groups, got {n} and {m}")
+    pooled, total = [*first, *second], sum(first) + sum(second)
+    observed = abs(sum(first) / n - sum(second) / m)
+    splits = extreme = 0
+    for chosen in itertools.combinations(range(n + m), n):
+        inside = sum(pooled[i] for i in chosen)
+        splits += 1
+        extreme += abs(inside / n - (total - inside) / m) >= observed - _TIE
+    return extreme / splits
+
+
+def holm(p_values: Sequence[float | None]) -> list[float | None]:
+    """Holm's step-down adjustment of a family of p-values (e.g. one per task), in their order: the i-th smallest of m
+    becomes max over j <= i of min(1, (m - j + 1) p_(j)); a family-wise error rate of alpha holds for those below alpha.
+    None (a test that could not be made) stays None and does not count in m."""
+    tested = sorted((p, i) for i, p in enumerate(p_values) if p is not None)
+    adjusted: list[float | None] = [None] * len(p_values)
+    running = 0.0
+    for rank, (p, index) in enumerate(tested):
+        running = max(running, min(1.0, (len(tested) - rank) * p))
+        adjusted[index] = running
+    return adjusted
