@@ -19,9 +19,10 @@ from worldloop.config import load_config
 from worldloop.envs.toy import ToyEnv
 from worldloop.experiment import ARMS, real_episode_budget, run_experiment
 from worldloop.loop import Inputs
-from worldloop.policies.evaluate import evaluation_seeds
-from worldloop.rl.rollout import RealityCheck
-from worldloop.rl.trainer import train
+from worldloop.diagnostics.monitor import train_watched
+from worldloop.diagnostics.reality import RealityCheck
+from worldloop.rl.configuration import RLDiagnosticsConfig
+from worldloop.rl.evaluate import evaluation_seeds
 from worldloop.utils.stats import holm, mean_with_stderr, normal_p, paired_test, permutation_p, sign_flip_p, sign_test_p
 
 
@@ -118,7 +119,7 @@ def test_experiment_runs_the_base_once_every_arm_and_seed_resumes_and_analyses(t
     for argv in rl:
         assert ("seed=0" in argv) != ("seed=1" in argv)
         assert argv[argv.index("--judge") + 1] == "exp/base/judge" and "--tasks" in argv  # the base's judge, the gate's tasks
-        assert ("rl.reward_control=shuffled" in argv) == ("/shuffled/" in argv[argv.index("--out") + 1])
+        assert ("rl.diagnostics.shuffled_scores=true" in argv) == ("/shuffled/" in argv[argv.index("--out") + 1])
     real = [argv for argv in rl if "/real_grpo/" in argv[argv.index("--out") + 1]]
     budget = real_episode_budget(config, 2, 2)  # 8 real trajectories, 4 per iteration
     assert all(argv[1:3] == ["--env", "real"] and f"rl.iterations={budget // 4}" in argv and "--keyframes" not in argv for argv in real)
@@ -182,15 +183,15 @@ def test_a_rewarded_arm_beats_its_shuffled_control_on_the_toy_world_across_seeds
     base_policy = ToyPolicy()
     arms = {"full": {}, "shuffled": {}}
     base = None
-    for arm, control in (("full", "none"), ("shuffled", "shuffled")):
+    for arm, control in (("full", False), ("shuffled", True)):
         for seed in range(3):
             policy = ToyPolicy()
             policy.load_state_dict(base_policy.state_dict())
             torch.manual_seed(seed)
             check = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=imagined(episodes, 1))
-            rl = config(iterations=20, num_groups=8, eval_every=0, reward_control=control)
-            results = train(policy, imagined(rl.num_groups * rl.group_size, rl.group_size), rl, tmp_path / f"{arm}{seed}", seed=seed, reality_check=check,
-                            console=False, progress_bar=False)  # fmt: skip
+            rl = config(iterations=20, num_groups=8, eval_every=0, diagnostics=RLDiagnosticsConfig(shuffled_scores=control))
+            results = train_watched(policy, imagined(rl.num_groups * rl.group_size, rl.group_size), rl, tmp_path / f"{arm}{seed}", seed=seed,
+                                    reality_check=check, console=False, progress_bar=False)  # fmt: skip
             first, last = results["evaluations"][0]["per_episode"]["real"], results["evaluations"][-1]["per_episode"]["real"]
             base = base or {TASK: first}  # the base policy's verdicts, from the first run's check before training
             arms[arm][str(seed)] = {TASK: last}

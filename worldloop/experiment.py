@@ -9,7 +9,7 @@
                                own first and last imagined-against-real checks: small, what `worldloop analyse` reads
 
 Every evaluation runs the eval verb on the loop's eval episodes, which start from the same initial states (fixed by task
-and episode number: :func:`worldloop.policies.evaluate.eval_seed`), so each arm's final policy is compared with the base
+and episode number: :func:`worldloop.rl.evaluate.eval_seed`), so each arm's final policy is compared with the base
 policy episode by episode. Each arm and seed resumes through its own stage markers, like the loop.
 """
 
