@@ -66,6 +66,9 @@ def test_no_task_through_the_gate_skips_rl_and_the_report_says_why(tmp_path):
     stages = [s.name for s in plan(config, tmp_path, Inputs())[0]]
     gated = [s.name for s in plan(config, tmp_path, Inputs())[0] if s.gated]
     assert stages.index("gate") < stages.index("rl1") and gated[0] == "rl1" and gated[-1] == "eval_rl2"
+    judge = next(s.argv for s in plan(config, tmp_path, Inputs())[0] if s.name == "judge")
+    assert judge[judge.index("--world-model") + 1] == str(tmp_path / "wm_base")  # an enforced gate: the judge learns the replays
+    assert "--world-model" not in next(s.argv for s in plan(load_config("micro"), tmp_path, Inputs())[0] if s.name == "judge")
     calls = []
 
     def verb(argv):

@@ -67,7 +67,8 @@ class LoopConfig:
     """The fidelity gate (`worldloop gate`, before RL): real episodes of the base policy per task, replayed in the world model."""
     gate_min_kappa: float | None = 0.6
     """The fidelity gate: the judge-on-replay kappa a task needs (and more than reward.calibrate.threshold_significance_se standard
-    errors above chance) for RL to train on it; null: the gate measures and reports, RL trains on every task."""
+    errors above chance) for RL to train on it, and the loop's judge then learns the world model's replays too (train-reward
+    --world-model); null: the gate measures and reports, RL trains on every task, and the judge learns real frames only."""
     time_budget_min: float = 0.0
     """Wall-clock minutes for the whole loop (`loop --time-budget`): the RL stages get what the stages before them
     left, less a minute for each stage after them; 0: no budget (each stage as its own settings say)."""

@@ -98,9 +98,11 @@ def plan(config: Config, run: Path, inputs: Inputs) -> tuple[list[Stage], dict[s
         stages.append(Stage("wm_base", ["train-wm", "--dataset", p["demos"], p["rollouts_base"], "--vae", p["vae"], "--out", p["wm_base"]]))
     stages.append(Stage("eval_wm_base", ["eval-wm", "--world-model", p["wm_base"], "--dataset", p["rollouts_base"], "--out", str(run / "eval_wm_base")]))
     if inputs.judge is None and not lp.judge.startswith("topreward:"):
-        # the judge learns the frames it will judge: the world model's replays of its training episodes too (one trained
-        # on real frames alone passed nearly every failed replay of five MT10 tasks: docs/experiments/2026-12-04-fidelity-recipe.md)
-        stages.append(Stage("judge", ["train-reward", "--dataset", p["demos"], p["rollouts_base"], "--world-model", p["wm_base"], "--out", p["judge"]]))
+        # where the gate holds the judge to the world model's replays, it learns them too: the world model's replays of its
+        # training episodes join the real frames (one trained on real frames alone passed nearly every failed replay of five
+        # MT10 tasks: docs/experiments/2026-12-04-fidelity-recipe.md); a gate that only reports (tiny presets) spares the replays
+        replays = ["--world-model", p["wm_base"]] if lp.gate_min_kappa is not None else []
+        stages.append(Stage("judge", ["train-reward", "--dataset", p["demos"], p["rollouts_base"], *replays, "--out", p["judge"]]))
     stages.append(Stage("gate", ["gate", "--policy", p["policy_base"], "--world-model", p["wm_base"], "--judge", p["judge"],
                                  "--dataset", p["rollouts_base"], "--out", p["gate"]]))  # fmt: skip
     # the base policy's failure states come from its rollouts above (no second rollout)
