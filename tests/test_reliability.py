@@ -233,6 +233,14 @@ def test_a_held_lock_a_full_disk_and_a_read_only_folder_give_one_line(tiny_datas
 
     assert as_os_error(RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")).errno == errno.ENOSPC
 
+    # a read-only file system (what root meets too, where a chmod-ed folder would not stop it): one line naming the folder
+    read_only = OSError(errno.EROFS, "Read-only file system", str(tmp_path / "ro" / ".run.json.x1.tmp"))
+    monkeypatch.setattr("tempfile.mkstemp", lambda *a, **k: (_ for _ in ()).throw(read_only))
+    assert main(["sft", "--dataset", str(tiny_dataset), "--out", str(tmp_path / "ro"), *SFT]) == 1
+    error = capsys.readouterr().err.strip()
+    assert "Read-only file system" in error and str(tmp_path / "ro") in error and len(error.splitlines()) == 1, error
+    monkeypatch.undo()
+
     if os.geteuid() == 0:
         pytest.skip("root writes into read-only folders")
     locked = tmp_path / "read-only"
