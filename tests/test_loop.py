@@ -109,3 +109,16 @@ def test_loop_runs_every_stage_resumes_and_reports(tmp_path, capsys):
     horizons = results["world_model"]["base"]
     assert horizons and all("copy_last_frame_psnr" in m for m in horizons.values())
     assert (run / "per_task.png").is_file() and (run / "learning_curves.png").is_file()
+
+
+def test_a_small_runs_report_says_so_at_its_top_and_beside_its_rates(tmp_path):
+    from worldloop.report import render_markdown
+
+    rate = lambda n: {"success_once": 0.0, "stderr": 0.0, "episodes": n}  # noqa: E731
+    small = {"per_task": {"reach-v3": {"base": rate(1)}}, "overall": {"base": rate(10)}, "imagination_vs_reality": {}, "world_model": {},
+             "stage_seconds": {}}  # fmt: skip
+    text = render_markdown(tmp_path, small, [])
+    assert text.splitlines()[4].startswith("**A small run.** Each policy was evaluated on 1 episode(s) per task")
+    assert "| reach-v3 | 0.000 ± 0.000 (n=1) (too few) |" in text and "| **overall** | 0.000 ± 0.000 (n=10) |" in text
+    large = dict(small, per_task={"reach-v3": {"base": rate(50)}})
+    assert "A small run" not in render_markdown(tmp_path, large, []) and "too few" not in render_markdown(tmp_path, large, [])

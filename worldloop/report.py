@@ -70,6 +70,7 @@ def write_report(run: Path, paths: dict[str, str], stage_seconds: dict[str, floa
 def render_markdown(run: Path, results: dict[str, Any], plots: list[str]) -> str:
     names = [n for n in POLICY_STAGES if n in results["overall"]]
     lines = ["# worldloop report", "", f"Run folder: `{run}`. Every number below is also in `results.json`.", ""]
+    lines += small_run_note(results)
     if results.get("gate"):
         from worldloop.commands.gate import gate_table
 
@@ -183,5 +184,24 @@ def _with_tasks(block: dict[str, Any]) -> dict[str, Any]:
     return _rate(block) | per_task | ({"per_task_kappa": block["per_task_kappa"]} if "per_task_kappa" in block else {})
 
 
+FEW = 10
+"""Episodes below which a rate is marked as too few to mean anything (one success more or less moves it by >= 0.1)."""
+
+
 def _cell(rate: dict[str, Any] | None) -> str:
-    return "-" if rate is None else f"{rate['success_once']:.3f} ± {rate['stderr']:.3f} (n={rate['episodes']})"
+    if rate is None:
+        return "-"
+    few = " (too few)" if rate["episodes"] < FEW else ""
+    return f"{rate['success_once']:.3f} ± {rate['stderr']:.3f} (n={rate['episodes']}){few}"
+
+
+def small_run_note(results: dict[str, Any]) -> list[str]:
+    """What a run evaluated on a handful of episodes per task can and cannot show: the report's opening lines."""
+    counts = [rate["episodes"] for row in results["per_task"].values() for rate in row.values()]
+    if not counts or max(counts) >= FEW:
+        return []
+    return [f"**A small run.** Each policy was evaluated on {max(counts)} episode(s) per task: a per-task rate is then 0 or 1 or",
+            f"close to it and says nothing (cells marked \"too few\", n < {FEW}). A run this size (the tiny-cpu and micro presets)",
+            "shows the mechanics, every stage, artifact and this report, not a gain: its models are tiny and briefly trained.",
+            "What worldloop measures on a GPU, with enough episodes for standard errors that mean something, is in the",
+            "worldloop repository's docs/results.md (`worldloop loop --preset metaworld-gpu`).", ""]  # fmt: skip
