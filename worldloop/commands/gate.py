@@ -70,9 +70,10 @@ def run(args: argparse.Namespace, config: Config) -> int:
         for env in closers:
             env.close()
     result = gate_verdicts(calibration, config.loop.gate_min_kappa, config.reward.calibrate.threshold_significance_se)
+    table = gate_table(result)
     atomic_write_json(out / "gate.json", result)
-    atomic_write_text(out / "gate.md", gate_table(result) + "\n")
-    print(gate_table(result))
+    atomic_write_text(out / "gate.md", table + "\n")
+    print(table)
     return 0
 
 
