@@ -231,6 +231,7 @@ def test_evaluate_writes_metrics_and_strips(vae, tmp_path):
     assert (tmp_path / "eval" / "episode_00_strip.png").is_file() and (tmp_path / "eval" / "episode_00_real_vs_generated.mp4").is_file()
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["rollout_frames_per_second"] > 0
     assert metrics["per_task"] == {}  # the square episodes are one task
+    assert 0 < row["vae_psnr"] < 100 and row["vae_psnr"] != row["psnr"]  # the VAE's own ceiling, beside the model
     # every episode's own numbers, for paired comparisons; equal lengths: their mean is the pooled row's
     per_episode = metrics["per_episode"]
     assert [e["episode"] for e in per_episode] == [0, 1] and sorted(per_episode[0]["psnr"]) == ["16", "8"]  # no dataset index: the position
@@ -240,6 +241,20 @@ def test_evaluate_writes_metrics_and_strips(vae, tmp_path):
     # paired against itself: no change, at every horizon, over both episodes
     same = paired_change(metrics, metrics, "action_delta_psnr")
     assert sorted(same) == ["16", "8"] and same["8"] == {"change": 0.0, "stderr": 0.0, "episodes": 2}
+
+
+def test_the_vae_ceiling_is_the_clip_encoded_and_decoded_with_its_first_frame(vae):
+    from worldloop.worldmodel.evaluate import through_vae
+    from worldloop.worldmodel.rollout import WorldModel
+    from worldloop.worldmodel.vae import decode, encode
+
+    model = WorldModel.build(fast_config(), vae, 32, 2, device="cpu")
+    frames = torch.stack([torch.as_tensor(e.frames[:11]) for e in square_episodes(3, seed=4, length=20)])  # 1 + 10 frames
+    codec = through_vae(model, frames[:, 0], frames[:, 1:], batch_size=2)
+    assert codec.shape == frames[:, 1:].shape and codec.dtype == torch.uint8
+    padded = torch.cat([frames, frames[:, -1:], frames[:, -1:]], dim=1)  # 13 = 1 + 4k frames: the last one repeated
+    expected = decode(vae, encode(vae, padded))[:, 1:11]
+    assert (codec.int() - expected.int()).abs().max() <= 1  # batches of 2 against one of 3: float rounding at most
 
 
 def test_paired_change_pairs_episodes_by_index():

@@ -20,6 +20,10 @@ the robot touches them. Copy-last-frame is exact there by construction, so it ha
 for comparing models. Small objects that fade cost the whole-frame PSNR little and this much more
 (the 2026-12-01 fading-objects run's models lost the task objects within a few chunks).
 
+What caps the model? ``vae_psnr`` is the VAE's own reconstruction of the real frames (encoded and decoded as one
+clip, with the first frame): no world model decoded through this VAE renders the future better than that, so a
+world model near it needs a better VAE, one far below it a better DiT.
+
 Every metric is also reported per task (``per_task``, keyed by instruction): the pooled rows can hide
 the one scene a model renders badly.
 """
@@ -36,7 +40,7 @@ import torch
 
 from worldloop.utils.io import atomic_write_json
 from worldloop.worldmodel.metrics import feature_metrics_status, masked_psnr, psnr, sharpness, ssim
-from worldloop.worldmodel.rollout import WorldModel
+from worldloop.worldmodel.rollout import WorldModel, autocast
 
 
 STILL_TOLERANCE = 8  # uint8 levels: video-codec and renderer noise stay below it, an object's edge does not
@@ -85,20 +89,22 @@ def open_loop(
 
 def horizon_metrics(
     real: torch.Tensor, generated: torch.Tensor, baseline: torch.Tensor, valid: torch.Tensor, horizons: Sequence[int],
-    other_actions: torch.Tensor | None = None,
+    other_actions: torch.Tensor | None = None, codec: torch.Tensor | None = None,
 ) -> dict[str, Any]:
     """PSNR/SSIM averaged over frames 1..h, per horizon, for the model and copy-last-frame, and the
     standard error over episodes of the model's margin (model - copy, each episode's mean over 1..h), and the
     model's sharpness over the real frames' (``metrics.sharpness``; 1: as much fine detail, < 1: blurrier).
     With ``other_actions`` (the model's frames under other episodes' actions): their PSNR and the
     action ΔPSNR (model - other actions) with its standard error over episodes. ``baseline`` is the first
-    frame repeated (copy-last-frame in open loop): ``psnr_still`` is measured where the real frame equals it."""
+    frame repeated (copy-last-frame in open loop): ``psnr_still`` is measured where the real frame equals it.
+    With ``codec`` (the real frames through the VAE alone): ``vae_psnr``, the ceiling of a model decoded through it."""
     model_psnr, model_ssim = psnr(generated, real), ssim(generated, real)  # (N, T)
     model_sharpness, real_sharpness = sharpness(generated), sharpness(real)
     still = (real.short() - baseline.short()).abs().amax(dim=-1) <= STILL_TOLERANCE  # (N, T, H, W)
     still_psnr = masked_psnr(generated, real, still)  # NaN where nothing stayed still
     base_psnr, base_ssim = psnr(baseline, real), ssim(baseline, real)
     other_psnr = psnr(other_actions, real) if other_actions is not None else None
+    codec_psnr = psnr(codec, real) if codec is not None else None
     results = {}
     for h in horizons:
         episodes = valid[:, h - 1]  # episodes that have frame h
@@ -122,6 +128,8 @@ def horizon_metrics(
             "psnr_still": mean(still_psnr), "still_fraction": mean(still.float().mean(dim=(-2, -1))),
             "sharpness_ratio": mean(model_sharpness) / real_detail if real_detail > 0 else float("nan"),
         }  # fmt: skip
+        if codec_psnr is not None:
+            results[str(h)]["vae_psnr"] = mean(codec_psnr)
         if other_psnr is not None:
             row, other = results[str(h)], mean(other_psnr)
             row |= {"psnr_other_actions": other, "action_delta_psnr": row["psnr"] - other,
@@ -131,7 +139,7 @@ def horizon_metrics(
 
 def per_task_metrics(
     episodes: Sequence[Any], real: torch.Tensor, generated: torch.Tensor, baseline: torch.Tensor, valid: torch.Tensor,
-    horizons: Sequence[int], other_actions: torch.Tensor | None = None,
+    horizons: Sequence[int], other_actions: torch.Tensor | None = None, codec: torch.Tensor | None = None,
 ) -> dict[str, dict[str, Any]]:
     """``horizon_metrics`` of each task's episodes (keyed by instruction; {} for a single task): a model can
     render one scene well and another badly (the window tasks' thin frames blur from the first chunk, CPU
@@ -143,7 +151,8 @@ def per_task_metrics(
     for task in sorted(set(tasks)):
         index = torch.tensor([i for i, t in enumerate(tasks) if t == task])
         other = other_actions[index] if other_actions is not None else None
-        rows[task] = horizon_metrics(real[index], generated[index], baseline[index], valid[index], horizons, other)
+        through = codec[index] if codec is not None else None
+        rows[task] = horizon_metrics(real[index], generated[index], baseline[index], valid[index], horizons, other, through)
     return rows
 
 
@@ -202,6 +211,22 @@ def mean_finite(values: torch.Tensor, weights: torch.Tensor) -> float:
     return float((values.nan_to_num() * weights).sum() / weights.sum()) if weights.sum() > 0 else float("nan")
 
 
+@torch.no_grad()
+def through_vae(model: WorldModel, first: torch.Tensor, real: torch.Tensor, batch_size: int = 8) -> torch.Tensor:
+    """The real frames 1..T (N, T, H, W, 3) encoded and decoded by the model's VAE as one clip after their first frame
+    (padded with the last frame to 1 + 4k frames): what the VAE alone keeps of them."""
+    from worldloop.worldmodel.vae import TEMPORAL_FACTOR, decode, encode
+
+    length = real.shape[1]
+    pad = -length % TEMPORAL_FACTOR
+    clips = torch.cat([first[:, None], real, real[:, -1:].expand(-1, pad, -1, -1, -1)], dim=1)
+    parts = []
+    for start in range(0, len(clips), batch_size):
+        with autocast(model.device):
+            parts.append(decode(model.vae, encode(model.vae, clips[start : start + batch_size].to(model.device)))[:, 1 : 1 + length].cpu())
+    return torch.cat(parts)
+
+
 def strip(*videos: torch.Tensor, every: int = 8) -> np.ndarray:
     """One PNG-able image: every ``every``-th frame of each (T, H, W, 3) video, one row per video (real on top,
     generated below)."""
@@ -239,12 +264,13 @@ def evaluate_world_model(
     real, generated, valid, rollout_fps = open_loop(model, episodes, max(usable), seed)
     first = torch.stack([torch.as_tensor(np.asarray(e.frames[0])) for e in episodes])
     baseline = first[:, None].expand_as(real)
+    codec = through_vae(model, first, real)
     other, drivers = None, list(episodes[1:]) + [episodes[0]]
     if len(episodes) > 1:  # the same starts and seeds, each driven by the next episode's actions
         _, other, _, _ = open_loop(model, episodes, max(usable), seed, actions_of=drivers)
     metrics: dict[str, Any] = {
-        "horizons": horizon_metrics(real, generated, baseline, valid, usable, other),
-        "per_task": per_task_metrics(episodes, real, generated, baseline, valid, usable, other),
+        "horizons": horizon_metrics(real, generated, baseline, valid, usable, other, codec),
+        "per_task": per_task_metrics(episodes, real, generated, baseline, valid, usable, other, codec),
         "per_episode": per_episode_metrics(episodes, real, generated, baseline, valid, usable, other),
         "skipped_horizons": skipped,
         **feature_metrics_status(),
