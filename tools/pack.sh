@@ -10,7 +10,7 @@ max_videos=${3:-24}
 cd "$root" || exit 1
 list=$(mktemp)
 find . \( -path ./dataset -o -path '*/reward-data' -o -path '*/videos/observation.*' -o -name .cache -o -name checkpoints -o -name 'qwen3-vl-tiny' \) -prune -o -type f \
-  \( -name '*.json' -o -name '*.md' -o -name '*.txt' -o -name '*.log' -o -name '*.png' -o -name '*.yaml' -o -name 'events.out.tfevents*' \) \
+  \( -name '*.json' -o -name '*.md' -o -name '*.txt' -o -name '*.log' -o -name '*.png' -o -name '*.yaml' -o -name '*.csv' -o -name 'events.out.tfevents*' \) \
   -size -4096k -print >"$list"
 # Videos: the world model's side-by-side clips first, then RL's, latest iteration first; each under 1 MB (find's -size -1M
 # would mean "0 MB", as it rounds sizes up to whole units).
