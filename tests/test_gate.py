@@ -27,11 +27,13 @@ def test_a_task_passes_only_with_kappa_above_the_bar_and_above_chance():
         "drawer-open-v3": (0.4, 0.7, 0.35, 0.12),  # above chance, below the bar
         "reach-v3": (1.0, 1.0, None, 0.0),  # every real episode succeeded: kappa undefined
         "window-open-v3": (0.3, 0.3, 0.62, 0.40),  # above the bar but within 2 SE of chance
+        "drawer-close-v3": (1.0, 0.7, 0.0, 0.37),  # every real episode succeeded, some replays failed: still undefined
     }), min_kappa=0.6, significance_se=2.0)  # fmt: skip
     assert result["passed"] == ["door-open-v3"]
     why = {task: row["why_not"] for task, row in result["tasks"].items()}
     assert "below 0.6" in why["drawer-open-v3"] and "all 16 real episodes succeeded" in why["reach-v3"]
     assert "not 2 SE above chance" in why["window-open-v3"] and why["door-open-v3"] == ""
+    assert "all 16 real episodes succeeded" in why["drawer-close-v3"] and result["tasks"]["drawer-close-v3"]["kappa"] is None
     table = gate_table(result)
     assert "| door-open-v3 | 16 | 0.50 ± 0.10 | 0.45 ± 0.10 | 0.81 ± 0.10 | yes |" in table
     assert "| reach-v3 | 16 | 1.00 ± 0.10 | 1.00 ± 0.10 | undefined | no: kappa undefined" in table

@@ -88,6 +88,8 @@ def gate_verdicts(calibration: dict[str, Any], min_kappa: float | None, signific
     rows = {}
     for task, numbers in real.items():
         kappa, stderr = kappas[task]["kappa"], kappas[task]["kappa_stderr"]
+        if numbers["success_once"] in (0.0, 1.0):  # every real episode alike: agreement beyond chance means nothing
+            kappa, stderr = None, None
         if min_kappa is None:
             passed, why = True, "the gate is not enforced (loop.gate_min_kappa: null)"
         elif kappa is None:

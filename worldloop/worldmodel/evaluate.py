@@ -20,9 +20,9 @@ the robot touches them. Copy-last-frame is exact there by construction, so it ha
 for comparing models. Small objects that fade cost the whole-frame PSNR little and this much more
 (the 2026-12-01 fading-objects run's models lost the task objects within a few chunks).
 
-What caps the model? ``vae_psnr`` is the VAE's own reconstruction of the real frames (encoded and decoded as one
-clip, with the first frame): no world model decoded through this VAE renders the future better than that, so a
-world model near it needs a better VAE, one far below it a better DiT.
+What caps the model? ``vae_psnr`` is the VAE's own reconstruction of the real frames, encoded and decoded chunk
+by chunk (each chunk after the frame before it): a world model decoded through this VAE renders the future about
+that well at best, so a world model near it needs a better VAE, one far below it a better DiT.
 
 Every metric is also reported per task (``per_task``, keyed by instruction): the pooled rows can hide
 the one scene a model renders badly.
@@ -212,19 +212,23 @@ def mean_finite(values: torch.Tensor, weights: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def through_vae(model: WorldModel, first: torch.Tensor, real: torch.Tensor, batch_size: int = 8) -> torch.Tensor:
-    """The real frames 1..T (N, T, H, W, 3) encoded and decoded by the model's VAE as one clip after their first frame
-    (padded with the last frame to 1 + 4k frames): what the VAE alone keeps of them."""
-    from worldloop.worldmodel.vae import TEMPORAL_FACTOR, decode, encode
+def through_vae(model: WorldModel, first: torch.Tensor, real: torch.Tensor, batch_size: int = 64) -> torch.Tensor:
+    """The real frames 1..T (N, T, H, W, 3) encoded and decoded by the model's VAE chunk by chunk, as the world model
+    renders them: each chunk of ``model.chunk_size`` frames as one clip after the frame before it (the last chunk
+    padded with its last frame). What the VAE alone keeps of them, in clips as short as those it learned."""
+    from worldloop.worldmodel.vae import decode, encode
 
-    length = real.shape[1]
-    pad = -length % TEMPORAL_FACTOR
-    clips = torch.cat([first[:, None], real, real[:, -1:].expand(-1, pad, -1, -1, -1)], dim=1)
+    n, length = real.shape[:2]
+    chunk = model.chunk_size
+    pad = -length % chunk
+    frames = torch.cat([first[:, None], real, real[:, -1:].expand(-1, pad, -1, -1, -1)], dim=1)  # (N, 1 + k chunk, ...)
+    chunks = (length + pad) // chunk
+    windows = torch.stack([frames[:, c * chunk : (c + 1) * chunk + 1] for c in range(chunks)], dim=1).flatten(0, 1)
     parts = []
-    for start in range(0, len(clips), batch_size):
+    for start in range(0, len(windows), batch_size):
         with autocast(model.device):
-            parts.append(decode(model.vae, encode(model.vae, clips[start : start + batch_size].to(model.device)))[:, 1 : 1 + length].cpu())
-    return torch.cat(parts)
+            parts.append(decode(model.vae, encode(model.vae, windows[start : start + batch_size].to(model.device)))[:, 1:].cpu())
+    return torch.cat(parts).reshape(n, chunks * chunk, *real.shape[2:])[:, :length]
 
 
 def strip(*videos: torch.Tensor, every: int = 8) -> np.ndarray:
