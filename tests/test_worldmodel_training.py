@@ -144,6 +144,9 @@ def test_train_vae_writes_a_loadable_folder_and_metrics(tmp_path):
     metrics = train_vae(VAEConfig(steps=2, batch_size=2, log_every=1), episodes[:2], episodes[2:], tmp_path / "vae", CPU)
     saved = json.loads((tmp_path / "vae" / "metrics.json").read_text())
     assert saved["steps"] == 2 and 0 < saved["held_out"]["psnr"] < 100 and -1 <= saved["held_out"]["ssim"] <= 1
+    assert 0 < saved["held_out"]["psnr_moving"] < 100  # the squares move: some pixels leave the first frame's colour
+    # held-out PSNR at each tenth of the budget that a step crossed: 2 steps of 2 are halves 5/10 and 10/10
+    assert [p["step"] for p in saved["held_out_curve"]] == [1, 2] and all(0 < p["psnr"] < 100 for p in saved["held_out_curve"])
     loaded = vae_lib.load_vae(tmp_path / "vae")
     assert len(loaded.config.latents_mean) == loaded.config.z_dim == metrics["latent_channels"]
     with pytest.raises(FileNotFoundError):

@@ -39,11 +39,8 @@ import numpy as np
 import torch
 
 from worldloop.utils.io import atomic_write_json
-from worldloop.worldmodel.metrics import feature_metrics_status, masked_psnr, psnr, sharpness, ssim
+from worldloop.worldmodel.metrics import STILL_TOLERANCE, feature_metrics_status, masked_psnr, psnr, sharpness, ssim
 from worldloop.worldmodel.rollout import WorldModel, autocast
-
-
-STILL_TOLERANCE = 8  # uint8 levels: video-codec and renderer noise stay below it, an object's edge does not
 
 
 @torch.no_grad()

@@ -27,6 +27,15 @@ def psnr(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (-10.0 * torch.log10(mse)).reshape(pred.shape[:-3])
 
 
+STILL_TOLERANCE = 8  # uint8 levels: video-codec and renderer noise stay below it, an object's edge does not
+
+
+def moving_pixels(frames: torch.Tensor) -> torch.Tensor:
+    """uint8 clips (B, T, H, W, 3) -> bool (B, T, H, W): the pixels that differ from the clip's first frame by more than
+    ``STILL_TOLERANCE`` in some channel (the robot and what it moved; none in frame 0)."""
+    return (frames.short() - frames[:, :1].short()).abs().amax(dim=-1) > STILL_TOLERANCE
+
+
 def masked_psnr(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """PSNR (dB) per frame over the pixels where ``mask`` (..., H, W) is true; NaN for a frame with none."""
     if pred.shape != target.shape or mask.shape != pred.shape[:-1]:
