@@ -32,6 +32,7 @@ VERBS = {
     "eval-wm": "worldloop.commands.eval_wm",
     "kir": "worldloop.commands.kir",
     "gate": "worldloop.commands.gate",
+    "fidelity": "worldloop.commands.fidelity",
     "loop": "worldloop.commands.loop",
     "experiment": "worldloop.commands.experiment",
     "analyse": "worldloop.commands.analyse",

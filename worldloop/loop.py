@@ -97,14 +97,8 @@ def plan(config: Config, run: Path, inputs: Inputs) -> tuple[list[Stage], dict[s
         stages.append(Stage("vae", ["train-vae", "--dataset", p["rollouts_base"], "--out", p["vae"]]))
         stages.append(Stage("wm_base", ["train-wm", "--dataset", p["demos"], p["rollouts_base"], "--vae", p["vae"], "--out", p["wm_base"]]))
     stages.append(Stage("eval_wm_base", ["eval-wm", "--world-model", p["wm_base"], "--dataset", p["rollouts_base"], "--out", str(run / "eval_wm_base")]))
-    if inputs.judge is None and not lp.judge.startswith("topreward:"):
-        # where the gate holds the judge to the world model's replays, it learns them too: the world model's replays of its
-        # training episodes join the real frames (one trained on real frames alone passed nearly every failed replay of five
-        # MT10 tasks: docs/experiments/2026-12-04-fidelity-recipe.md); a gate that only reports (tiny presets) spares the replays
-        replays = ["--world-model", p["wm_base"]] if lp.gate_min_kappa is not None else []
-        stages.append(Stage("judge", ["train-reward", "--dataset", p["demos"], p["rollouts_base"], *replays, "--out", p["judge"]]))
-    stages.append(Stage("gate", ["gate", "--policy", p["policy_base"], "--world-model", p["wm_base"], "--judge", p["judge"],
-                                 "--dataset", p["rollouts_base"], "--out", p["gate"]]))  # fmt: skip
+    train_judge = inputs.judge is None and not lp.judge.startswith("topreward:")
+    stages += judge_and_gate(config, p, p["wm_base"], p["judge"], p["gate"], train_judge)
     # the base policy's failure states come from its rollouts above (no second rollout)
     stages.append(Stage("keyframes", ["kir", "--dataset", p["rollouts_base"], "--failures", "--out", p["keyframes"]]))
     rl_inputs = ["--judge", p["judge"], "--dataset", p["rollouts_base"], "--keyframes", p["keyframes"], "--no-progress"]
@@ -133,6 +127,20 @@ def plan(config: Config, run: Path, inputs: Inputs) -> tuple[list[Stage], dict[s
     if inputs.base is not None:
         del stages[:gated]  # built in inputs.base
     return stages, paths
+
+
+def judge_and_gate(config: Config, p: dict[str, str], world_model: str, judge: str, gate: str, train_judge: bool, suffix: str = "") -> list[Stage]:
+    """The judge's training (when ``train_judge``) and the fidelity gate of ``world_model``, as stages named judge/gate + ``suffix``."""
+    stages = []
+    if train_judge:
+        # where the gate holds the judge to the world model's replays, it learns them too: the world model's replays of its
+        # training episodes join the real frames (one trained on real frames alone passed nearly every failed replay of five
+        # MT10 tasks: docs/experiments/2026-12-04-fidelity-recipe.md); a gate that only reports (tiny presets) spares the replays
+        replays = ["--world-model", world_model] if config.loop.gate_min_kappa is not None else []
+        stages.append(Stage(f"judge{suffix}", ["train-reward", "--dataset", p["demos"], p["rollouts_base"], *replays, "--out", judge]))
+    stages.append(Stage(f"gate{suffix}", ["gate", "--policy", p["policy_base"], "--world-model", world_model, "--judge", judge,
+                                          "--dataset", p["rollouts_base"], "--out", gate]))  # fmt: skip
+    return stages
 
 
 def run_loop(
