@@ -28,7 +28,7 @@ LAYERS = [
     ("envs", r"envs(\..*)?"),
     ("rl", r"rl(\..*)?"),
     ("diagnostics", r"diagnostics(\..*)?"),
-    ("loop/commands", r"(loop|report|experiment|analysis|commands|cli|__main__)(\..*)?|"),
+    ("loop/commands", r"(loop|report|experiment|fidelity|analysis|commands|cli|__main__)(\..*)?|"),
 ]
 """(name, pattern of the module path below ``worldloop.``), lowest first; a module takes the first that matches."""
 
