@@ -217,3 +217,16 @@ def test_statistics_and_config_errors_name_the_file(checkpoint, tmp_path):
     (two / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="unknown key 'chunk' in the worldloop block"):
         OpenVLAOFT.from_pretrained(f"{two}@other_suite", lora=False)
+
+
+def test_bench_vla_measures_act_and_the_grpo_update_with_and_without_lora_and_checkpointing(tmp_path):
+    from worldloop.cli import main
+
+    out = tmp_path / "bench.txt"
+    assert main(["bench", "vla", "--models", "tiny", "--batch-sizes", "2", "--steps", "1", "--out", str(out), "rl.num_minibatches=4"]) == 0
+    text = out.read_text()
+    assert "| act | 2 |" in text and "K=8, A=7" in text
+    rows = [line for line in text.splitlines() if line.startswith("| GRPO update |")]
+    assert len(rows) == 4 and all(float(row.split("|")[5]) > 0 for row in rows)
+    assert [row.split("|")[3].strip().startswith("rank 32") for row in rows] == [False, False, True, True]
+    assert [row.split("|")[4].strip() for row in rows] == ["no", "yes", "no", "yes"]
