@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -230,3 +231,31 @@ def test_bench_vla_measures_act_and_the_grpo_update_with_and_without_lora_and_ch
     assert len(rows) == 4 and all(float(row.split("|")[5]) > 0 for row in rows)
     assert [row.split("|")[3].strip().startswith("rank 32") for row in rows] == [False, False, True, True]
     assert [row.split("|")[4].strip() for row in rows] == ["no", "yes", "no", "yes"]
+
+
+def test_sft_fine_tunes_a_checkpoint_to_the_datasets_action_space(checkpoint, tiny_dataset, tmp_path):
+    """`worldloop sft --policy openvla-oft:DIR`: the dataset's own bounds replace the suite's, and the folder it
+    writes (published layout) loads and acts in them."""
+    from worldloop.cli import main
+    from worldloop.data.dataset import TrajectoryDataset
+
+    out = tmp_path / "sft"
+    code = main(["sft", "--preset", "micro", "--policy", f"openvla-oft:{checkpoint}", "--dataset", str(tiny_dataset), "--out", str(out),
+                 "sft.steps=3", "sft.batch_size=4", "sft.lr=0.001"])  # fmt: skip
+    assert code == 0 and (out / "model.safetensors.index.json").is_file() and (out / "tb").is_dir()
+    tuned = load_policy(out)
+    actions = torch.cat([torch.tensor(np.array(TrajectoryDataset(tiny_dataset).episode(i).actions)) for i in range(4)])
+    assert tuned.statistics.suite == tiny_dataset.name and tuned.statistics.mask.all()
+    assert torch.all(tuned.statistics.q01 >= actions.min(0).values - 1e-6) and torch.all(tuned.statistics.q99 <= actions.max(0).values + 1e-6)
+    acted = tuned.act(frames(2), INSTRUCTIONS[:2]).actions
+    assert torch.all(acted >= tuned.statistics.q01 - 1e-5) and torch.all(acted <= tuned.statistics.q99 + 1e-5)
+
+
+def test_another_action_dimension_gets_a_fresh_l1_head(policy):
+    from worldloop.policies.configuration_openvla_oft import ActionStatistics
+
+    seven = ActionStatistics(-torch.ones(7), torch.ones(7), torch.ones(7, dtype=torch.bool), "libero_like")
+    policy.use_statistics(seven)
+    assert policy.action_dim == 7 and policy.action_head.model.fc2.out_features == 7 and policy.action_head.model.fc1.in_features == 7 * 32
+    out = policy.act(frames(2), INSTRUCTIONS[:2], greedy=True)
+    assert out.actions.shape == (2, CHUNK, 7) and out.tokens.shape == (2, CHUNK, 7)

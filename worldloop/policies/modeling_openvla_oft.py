@@ -307,6 +307,16 @@ class OpenVLAOFT(nn.Module):
     # --------------------------------------------------------------------------------------------
     # Training set-up
 
+    def use_statistics(self, statistics: ActionStatistics) -> None:
+        """Act in a new dataset's action space (OFT fine-tuning on a new suite): its bounds un-normalise from now on;
+        a new action dimension gets a fresh L1 head (the token head scores bins of any dimension)."""
+        if statistics.action_dim != self.action_dim:
+            head = L1RegressionActionHead(self.config.hidden_size, statistics.action_dim)
+            self.action_head = head.to(self.device, self.dtype) if self.action_head is not None else None
+            self.action_dim = statistics.action_dim
+        self.statistics = statistics
+        self.config = dataclasses.replace(self.config, unnorm_key=statistics.suite)
+
     def enable_lora(self, rank: int | None = None) -> None:
         """LoRA (peft) of ``rank`` (default: config.lora_rank) on the language model's and projector's linear
         layers; the vision towers and the base weights freeze; the heads stay fully trainable."""
