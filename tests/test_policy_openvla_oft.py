@@ -259,3 +259,17 @@ def test_another_action_dimension_gets_a_fresh_l1_head(policy):
     assert policy.action_dim == 7 and policy.action_head.model.fc2.out_features == 7 and policy.action_head.model.fc1.in_features == 7 * 32
     out = policy.act(frames(2), INSTRUCTIONS[:2], greedy=True)
     assert out.actions.shape == (2, CHUNK, 7) and out.tokens.shape == (2, CHUNK, 7)
+
+
+def test_a_published_text_config_lists_only_what_differs_from_llama2_7b():
+    """Hugging Face writes a config's differences from LlamaConfig's defaults: openvla-7b's text_config holds
+    little more than the padded vocabulary; the rest is Llama-2 7B."""
+    from _oft_fixtures import raw_config
+    from worldloop.policies.configuration_openvla_oft import OpenVLAOFTConfig
+
+    raw = raw_config()
+    raw["text_config"] = {"model_type": "llama", "pad_token_id": 32000, "torch_dtype": "bfloat16", "vocab_size": 32064}
+    raw.pop("worldloop")
+    config = OpenVLAOFTConfig.from_json(raw)
+    assert (config.hidden_size, config.text_config["num_hidden_layers"], config.text_config["intermediate_size"]) == (4096, 32, 11008)
+    assert config.vocab_size == 32000 and config.chunk_size == 8 and config.lora_rank == 32 and config.input_size == 32

@@ -37,6 +37,11 @@ DINOV2_ID = "vit_large_patch14_reg4_dinov2.lvd142m"
 SIGLIP_ID = "vit_so400m_patch14_siglip_224"
 SIGLIP_MEAN_STD = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 IMAGENET_MEAN_STD = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+LLAMA2_7B = {
+    "model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "vocab_size": 32000, "hidden_act": "silu",
+}  # fmt: skip
+"""transformers 4.40's LlamaConfig defaults (Llama-2 7B): a published config.json's text_config lists only what differs from them."""
 
 
 @dataclass
@@ -121,7 +126,7 @@ class OpenVLAOFTConfig:
             timm_model_kwargs=[dict(k) for k in ours.get("timm_model_kwargs", [{} for _ in raw["timm_model_ids"]])],
             image_sizes=[int(s) for s in raw["image_sizes"]],
             use_fused_vision_backbone=bool(raw.get("use_fused_vision_backbone", len(raw["timm_model_ids"]) > 1)),
-            text_config=dict(raw["text_config"]),
+            text_config=LLAMA2_7B | dict(raw["text_config"]),
             n_action_bins=int(raw.get("n_action_bins", 256)),
             pad_to_multiple_of=int(raw.get("pad_to_multiple_of", 64)),
             pad_token_id=int(raw.get("pad_token_id", 32000)),
@@ -169,14 +174,9 @@ class OpenVLAOFTConfig:
         return raw
 
 
-def seven_b_config(chunk_size: int = 8, action_dim: int = 7) -> OpenVLAOFTConfig:
+def seven_b_config(chunk_size: int = 8) -> OpenVLAOFTConfig:
     """The published OpenVLA-OFT 7B dimensions (Llama-2 7B, DINOv2 ViT-L/14 + SigLIP So400m/14 at 224 px)."""
-    text = {
-        "model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
-        "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 2048,
-        "rms_norm_eps": 1e-6, "vocab_size": 32064, "pad_token_id": 32000,
-    }  # fmt: skip
-    return OpenVLAOFTConfig(text_config=text, chunk_size=chunk_size)
+    return OpenVLAOFTConfig(text_config=LLAMA2_7B | {"vocab_size": 32064, "pad_token_id": 32000}, chunk_size=chunk_size)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 - Prompt (OpenVLA's): ``<s> In: What action should the robot take to {instruction}?\\nOut:`` then the empty
   ``▁`` token (OFT adds it where the prompt does not end with it, as at training time).
-- Pixels: a uint8 frame resized to the towers' side, in [0, 1], normalised with ImageNet's mean/std for the
+- Pixels: a uint8 frame resized (bicubic, as OpenVLA's processor) to the towers' side, in [0, 1], normalised with ImageNet's mean/std for the
   DINOv2 tower and 0.5/0.5 for SigLIP, the two stacked on channels: (B, 6, H, W).
 - Action bins (OpenVLA's ActionTokenizer): edges ``linspace(-1, 1, n_bins)``; a normalised value a falls in
   bin ``digitize(clip(a), edges) - 1`` in [0, n_bins - 1]; bin b is vocabulary token ``vocab_size - 1 - b``;
@@ -69,7 +69,7 @@ def fused_pixels(images: torch.Tensor, size: int, timm_ids: list[str], dtype: to
     """uint8 (B, H, W, 3) -> (B, 3 * towers, size, size): each tower's normalised copy, stacked on channels."""
     pixels = images.permute(0, 3, 1, 2).float() / 255.0  # (B, 3, H, W)
     if pixels.shape[-1] != size:
-        pixels = F.interpolate(pixels, size=(size, size), mode="bilinear", antialias=True, align_corners=False).clamp(0, 1)
+        pixels = F.interpolate(pixels, size=(size, size), mode="bicubic", antialias=True, align_corners=False).clamp(0, 1)
     stacked = []
     for timm_id in timm_ids:
         mean, std = (torch.tensor(v, device=pixels.device).view(1, 3, 1, 1) for v in tower_mean_std(timm_id))
