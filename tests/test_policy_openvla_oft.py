@@ -120,8 +120,9 @@ def test_an_sft_step_lowers_the_loss_and_the_merged_export_acts_the_same(policy,
 
     policy.save_pretrained(tmp_path / "merged", shards=2)
     merged = OpenVLAOFT.from_pretrained(tmp_path / "merged", lora=False)
-    original = json.loads((policy.source and (tmp_path / "merged" / "model.safetensors.index.json")).read_text())["weight_map"]
-    assert len(set(original.values())) == 2 and not any("lora" in key or "base_layer" in key for key in original)
+    written = json.loads((tmp_path / "merged" / "model.safetensors.index.json").read_text())["weight_map"]
+    assert len(set(written.values())) == 2 and not any("lora" in key or "base_layer" in key for key in written)
+    assert (tmp_path / "merged" / "action_head--100_checkpoint.pt").is_file() and (tmp_path / "merged" / "tokenizer.json").is_file()
     with torch.no_grad():
         assert torch.allclose(merged.chunk(images, texts).logits, policy.chunk(images, texts).logits, atol=1e-4)
         assert torch.allclose(merged.act(images, texts, greedy=True).actions, policy.act(images, texts, greedy=True).actions, atol=1e-5)
