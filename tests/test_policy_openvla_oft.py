@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -121,6 +122,8 @@ def test_an_sft_step_lowers_the_loss_and_the_merged_export_acts_the_same(policy,
     policy.save_pretrained(tmp_path / "merged", shards=2)
     merged = OpenVLAOFT.from_pretrained(tmp_path / "merged", lora=False)
     written = json.loads((tmp_path / "merged" / "model.safetensors.index.json").read_text())["weight_map"]
+    published = json.loads((Path(policy.source) / "model.safetensors.index.json").read_text())["weight_map"]
+    assert set(written) == set(published)  # the same key names as the checkpoint it came from
     assert len(set(written.values())) == 2 and not any("lora" in key or "base_layer" in key for key in written)
     assert (tmp_path / "merged" / "action_head--100_checkpoint.pt").is_file() and (tmp_path / "merged" / "tokenizer.json").is_file()
     with torch.no_grad():
