@@ -30,7 +30,7 @@ TARGETS: dict[str, str] = {
     "reward": "worldloop.rewards.bench:bench_reward_target",
     "data": "worldloop.data.bench:bench_data",
     "policy": "worldloop.policies.bench:bench_policy",
-    "vla": "worldloop.policies.bench_openvla_oft:bench_vla",
+    "vla": "worldloop.rl.bench_openvla_oft:bench_vla",
 }
 """Benchmark name -> "module:function" with signature ``function(args, config) -> int``."""
 

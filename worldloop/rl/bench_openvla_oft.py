@@ -1,4 +1,5 @@
-"""``worldloop bench vla``: OpenVLA-OFT speed and memory at published (``--models 7b``) or test (``tiny``) dimensions.
+"""``worldloop bench vla``: OpenVLA-OFT speed and memory at published (``--models 7b``) or test (``tiny``) dimensions
+(in the rl layer: it times the GRPO update).
 
 Random weights, built on the device (bf16 on a GPU, fp32 on a CPU), LIBERO's shape: A = 7, K = 8, 224-px
 frames. It times
