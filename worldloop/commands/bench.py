@@ -19,7 +19,8 @@ HELP = """Measure speed and print a table:
   wm      world-model step (5 DiT steps + decode of the new frames): frames/s and FLOP utilisation
   wm-train  world-model training: optimizer steps/s and clips/s, without and with self-forcing
   vae-train  VAE training: optimizer steps/s and clips/s, default and channels-last memory layout
-  reward  judge throughput: classifier and TOPReward windows/s"""
+  reward  judge throughput: classifier and TOPReward windows/s
+  vla     OpenVLA-OFT act() latency/throughput and GRPO update time and peak memory (--models tiny 7b)"""
 
 TARGETS: dict[str, str] = {
     "sim": "worldloop.sims.bench:bench_sim",
@@ -29,6 +30,7 @@ TARGETS: dict[str, str] = {
     "reward": "worldloop.rewards.bench:bench_reward_target",
     "data": "worldloop.data.bench:bench_data",
     "policy": "worldloop.policies.bench:bench_policy",
+    "vla": "worldloop.rl.bench_openvla_oft:bench_vla",
 }
 """Benchmark name -> "module:function" with signature ``function(args, config) -> int``."""
 
@@ -39,9 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=None, help="worker-process counts to compare (default: 1 and sim.num_workers)")
     parser.add_argument("--steps", type=int, default=48, help="timed steps per environment at each setting (default: 48)")
     parser.add_argument("--envs-per-worker", type=int, default=2, help="environments per worker process (default: 2)")
-    parser.add_argument("--models", nargs="+", default=["tiny"], choices=("tiny", "small", "wan2.2-5b"),
-                        help="wm: world-model dimensions to measure, random weights (default: tiny)")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64], help="wm: environments per step (default: 1 8 64)")
+    parser.add_argument("--models", nargs="+", default=["tiny"], choices=("tiny", "small", "wan2.2-5b", "7b"),
+                        help="wm: world-model dimensions to measure (tiny, small, wan2.2-5b); vla: tiny or 7b (OpenVLA-OFT); random weights (default: tiny)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64], help="wm, vla: environments per step (default: 1 8 64)")
     parser.add_argument("--out", default=None, help="also write the table to this text file")
 
 

@@ -7,7 +7,8 @@ import argparse
 from worldloop.config import Config
 from worldloop.utils.runfolder import RunSpec
 
-HELP = "Fine-tune the compact VLA on demonstrations (action-token cross-entropy); resumes from OUT's checkpoints."
+HELP = """Fine-tune the compact VLA on demonstrations (action-token cross-entropy); resumes from OUT's checkpoints.
+With --policy openvla-oft:DIR, fine-tune that OpenVLA-OFT checkpoint instead (LoRA; L1 + token loss; OUT in the published layout)."""
 
 RUN = RunSpec(("seed", "policy", "sft"))
 
@@ -17,6 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="model folder to write (config.json, model.safetensors, norm_stats.json, tb/, checkpoints/)")
     parser.add_argument("--world-model", default=None, help="world-model (or VAE) folder: held-out token agreement on its VAE's reconstructions, "
                         "and sft.augment_codec of the training frames shown through it")
+    parser.add_argument("--policy", default=None, help="an OpenVLA-OFT checkpoint to fine-tune (openvla-oft:DIR[@SUITE]) instead of a compact VLA from scratch")
     parser.add_argument("--episodes-per-task", type=int, default=None, help="training episodes per task, successful first (1 = one-trajectory SFT; default: sft.episodes_per_task, 0 = all)")
 
 
@@ -26,6 +28,16 @@ def run(args: argparse.Namespace, config: Config) -> int:
     if args.episodes_per_task is not None:
         config.sft.episodes_per_task = args.episodes_per_task
         config.sft.validate()
+    if args.policy:
+        from worldloop.config import ConfigError
+        from worldloop.policies.sft_openvla_oft import finetune_openvla_oft
+
+        if args.world_model:
+            raise ConfigError("--world-model (codec augmentation and agreement) is for the compact VLA; sft --policy does not use it")
+        results = finetune_openvla_oft(config, args.policy, args.dataset, args.out)
+        print(f"sft: {results['steps']} steps on {results['train_samples']} samples in {results['seconds']:.0f} s; "
+              f"train loss {results['final_train_loss']:.3f}; model in {args.out} (published OpenVLA-OFT layout)")
+        return 0
     results = train_sft(config, args.dataset, args.out, world_model=args.world_model)
     codec = results.get("held_out_codec_token_agreement")
     print(

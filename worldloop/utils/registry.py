@@ -84,7 +84,9 @@ def describe(entry: Any) -> str:
     return entry if isinstance(entry, str) else f"{entry.__module__}:{entry.__qualname__}"
 
 
-POLICIES = Registry("policy", {"compact_vla": "worldloop.policies.modeling_vla:CompactVLA"})
+POLICIES = Registry(
+    "policy", {"compact_vla": "worldloop.policies.modeling_vla:CompactVLA", "openvla-oft": "worldloop.policies.modeling_openvla_oft:OpenVLAOFT"}
+)
 """Policies by the ``kind`` in their folder's config.json."""
 JUDGES = Registry(
     "judge",
