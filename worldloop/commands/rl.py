@@ -24,6 +24,7 @@ Example: worldloop rl --policy runs/sft --world-model runs/wm --judge runs/rw --
          --keyframes runs/data/keyframes --out runs/rl rl.iterations=50"""
 
 RUN = RunSpec(("seed", "sim", "eval", "reward", "world_model", "rl"))
+DISTRIBUTED = True  # data-parallel under torchrun (worldloop.utils.distributed)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

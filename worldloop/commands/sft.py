@@ -10,6 +10,7 @@ from worldloop.utils.runfolder import RunSpec
 HELP = "Fine-tune the compact VLA on demonstrations (action-token cross-entropy); resumes from OUT's checkpoints."
 
 RUN = RunSpec(("seed", "policy", "sft"))
+DISTRIBUTED = True  # data-parallel under torchrun (worldloop.utils.distributed)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +27,11 @@ def run(args: argparse.Namespace, config: Config) -> int:
     if args.episodes_per_task is not None:
         config.sft.episodes_per_task = args.episodes_per_task
         config.sft.validate()
+    from worldloop.utils import distributed
+
     results = train_sft(config, args.dataset, args.out, world_model=args.world_model)
+    if not distributed.is_main():
+        return 0
     codec = results.get("held_out_codec_token_agreement")
     print(
         f"sft: {results['steps']} steps on {results['train_samples']} samples in {results['seconds']:.0f} s; "
