@@ -89,3 +89,96 @@ def test_world_model_step_on_two_ranks_matches_one_process(tmp_path):
     # holds 0.9 of it (decay 1/10), so the step is 10 times the distance between the weights and their EMA
     ema = load_file(tmp_path / "one" / "checkpoints" / "step_000000001" / "ema.safetensors")
     assert max(10 * float((first[name] - ema[name]).abs().max()) for name in first) > 5e-4
+
+
+# ------------------------------------------------------------------------------------------------ policy SFT
+
+
+def _sft(out: Path, stop_after: int | None):
+    """SFT of the tiny VLA for 4 steps; with ``stop_after``, stopped there first and then resumed to the end."""
+    from _policy_fixtures import CLOSE, IMAGE, OPEN, synthetic_episodes, tiny_config
+    from worldloop.policies.sft import fit_policy
+
+    config = tiny_config("sft.steps=4", "sft.checkpoint_every=100", "sft.batch_size=8", "sft.augment_blur=0.5", "sft.augment_shift=2")
+    train, held = synthetic_episodes(4, length=6), synthetic_episodes(2, seed=1, length=6)
+    if stop_after is not None:
+        assert fit_policy(config, train, held, out, [OPEN, CLOSE], IMAGE, 4, stop_after=stop_after) == {"stopped_at": stop_after}
+    results, counts = _counting_writes(fit_policy, config, train, held, out, [OPEN, CLOSE], IMAGE, 4)
+    return results, counts
+
+
+def test_sft_on_two_ranks_resumes_and_matches_one_process(tmp_path):
+    """SFT over 2 gloo ranks (4 samples each of the global 8, the same blur and shift draws), stopped after 2 steps and
+    resumed by both ranks, ends with the weights of 4 straight steps in one process; rank 0 alone writes."""
+    one, _ = _sft(tmp_path / "one", None)
+    (two, counts), (two_rank1, counts_rank1) = run_ranks(_sft, 2, tmp_path / "two", 2)
+    assert counts["checkpoint_files"] == 1 and counts_rank1["checkpoint_files"] == 0
+    assert [counts["summary_writers"], counts_rank1["summary_writers"]] == [1, 0]
+    assert len(list((tmp_path / "two" / "tb").iterdir())) == 2  # the first run's events and the resumed run's
+    timing = {"seconds", "seconds_per_step"}
+    assert two["processes"] == 2 and {k: v for k, v in two_rank1.items() if k not in timing} == {k: v for k, v in two.items() if k not in timing}
+    assert two["final_train_loss"] == pytest.approx(one["final_train_loss"], rel=1e-4)
+    assert two["held_out_loss"] == pytest.approx(one["held_out_loss"], rel=1e-4)
+    first, second = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
+    changed = load_file(tmp_path / "two" / "checkpoints" / "step_000000002" / "model.safetensors")
+    for name, weight in first.items():  # atol 1e-4: the attention's key bias, which the softmax ignores, has only rounding
+        torch.testing.assert_close(second[name], weight, rtol=1e-4, atol=1e-4, msg=name)  # as gradient, which Adam scales up
+    # steps 3 and 4 moved the weights far beyond that tolerance, so the comparison can fail
+    assert max(float((first[name].float() - changed[name].float()).abs().max()) for name in first) > 1e-3
+
+
+# -------------------------------------------------------------------------------------------------------- RL
+
+
+def _rl(out: Path):
+    """2 GRPO iterations in the toy world with 4 groups of 4 over however many ranks run; what each rank started its
+    environments from, its groups' scores and advantages, and its final weights."""
+    from _rl_fixtures import ToyPolicy
+    from worldloop.envs.toy import ToyEnv
+    from worldloop.rl import trainer
+    from worldloop.rl.configuration import RLConfig
+
+    rl = RLConfig(iterations=2, group_size=4, num_groups=4, max_steps=16, lr=3e-3, update_epochs=2, num_minibatches=3, checkpoint_every=1)
+    torch.manual_seed(0)
+    policy, env = ToyPolicy(), ToyEnv(rl.num_groups // distributed.world_size() * rl.group_size)
+    seen = {"seeds": [], "scores": [], "advantages": []}
+    real_reset, real_advantages = env.reset, trainer.grpo_advantages
+
+    def reset(tasks, seeds):
+        seen["seeds"].append(list(seeds))
+        return real_reset(tasks, seeds)
+
+    def grpo_advantages(scores, group_size):
+        advantages = real_advantages(scores, group_size)
+        seen["scores"].append(scores.clone())
+        seen["advantages"].append(advantages.clone())
+        return advantages
+
+    env.reset, trainer.grpo_advantages = reset, grpo_advantages
+    results, counts = _counting_writes(trainer.train, policy, env, rl, out, 3, ["reach-top-right"], None, None, False)
+    return seen, {k: v.clone() for k, v in policy.state_dict().items()}, counts, results
+
+
+def test_rl_on_two_ranks_keeps_groups_whole_and_the_weights_equal(tmp_path):
+    """2 ranks run 2 whole groups each, the groups one process would run (same initial states); the advantages each
+    rank computes are those one process computes from the same scores (a group never straddles ranks); the
+    all-reduced updates leave both ranks with the same weights, which moved; rank 0 alone writes."""
+    from _rl_fixtures import ToyPolicy
+    from worldloop.rl.advantages import grpo_advantages
+
+    one, _, _, _ = _rl(tmp_path / "one")
+    (first, weights, counts, results), (second, weights_rank1, counts_rank1, results_rank1) = run_ranks(_rl, 2, tmp_path / "two")
+    for iteration in range(2):
+        assert first["seeds"][iteration] + second["seeds"][iteration] == one["seeds"][iteration]
+        assert len(set(first["seeds"][iteration]) & set(second["seeds"][iteration])) == 0  # no group on both ranks
+        scores = torch.cat([first["scores"][iteration], second["scores"][iteration]])
+        together = torch.cat([first["advantages"][iteration], second["advantages"][iteration]])
+        torch.testing.assert_close(together, grpo_advantages(scores, 4))
+    for name, weight in weights.items():
+        torch.testing.assert_close(weights_rank1[name], weight, rtol=0, atol=1e-6, msg=name)
+    torch.manual_seed(0)
+    start = ToyPolicy().state_dict()
+    assert max(float((weights[name] - start[name]).abs().max()) for name in start) > 1e-3
+    assert counts["checkpoint_files"] == 2 and counts_rank1["checkpoint_files"] == 0  # a checkpoint per iteration
+    assert results_rank1["history"] == results["history"] and len(results["history"]) == 2
+    assert (tmp_path / "two" / "results.json").is_file() and len(list((tmp_path / "two" / "tb").iterdir())) == 1

@@ -16,6 +16,7 @@ Not launched by torchrun (no WORLD_SIZE in the environment), nothing here does a
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from typing import Any, Iterable
 
 import torch
@@ -57,7 +58,8 @@ def init(device_name: str = "auto") -> None:
     on_gpu = torch.cuda.is_available() and (device_name == "auto" or device_name.startswith("cuda"))
     if on_gpu:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group("nccl" if on_gpu else "gloo")
+    # rank 0 alone runs some long stretches (encoding the clips, RL's reality checks) while the others wait for it
+    dist.init_process_group("nccl" if on_gpu else "gloo", timeout=timedelta(hours=2))
 
 
 def close() -> None:
@@ -155,6 +157,20 @@ def gather_objects(obj: Any) -> list[Any]:
     gathered: list[Any] = [None] * world_size()
     dist.all_gather_object(gathered, obj)
     return gathered
+
+
+def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """One iteration's metrics over all ranks: the mean of each over the ranks that report it (the ranks hold equal
+    shares), the largest of a '..._max' and the smallest of a '..._min'."""
+    if not active():
+        return metrics
+    every = gather_objects(metrics)
+    names = list(dict.fromkeys(name for one in every for name in one))
+    reduced = {}
+    for name in names:
+        values = [one[name] for one in every if name in one]
+        reduced[name] = max(values) if name.endswith("_max") else min(values) if name.endswith("_min") else sum(values) / len(values)
+    return reduced
 
 
 def broadcast_object(obj: Any) -> Any:
