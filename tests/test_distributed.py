@@ -18,13 +18,14 @@ CPU = torch.device("cpu")
 
 
 def run_ranks(function, world_size: int, *args):
-    """``function(*args)`` in ``world_size`` fresh processes joined by gloo, as torchrun would start them; their
+    """``function(*args)`` in ``world_size`` forked processes joined by gloo, as torchrun would start them; their
     return values in rank order."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     with tempfile.TemporaryDirectory() as results:
-        torch.multiprocessing.spawn(_rank_main, args=(world_size, port, results, function, args), nprocs=world_size, join=True)
+        torch.multiprocessing.start_processes(_rank_main, args=(world_size, port, results, function, args), nprocs=world_size, join=True,
+                                              start_method="fork")  # the children start with what this process imported
         return [torch.load(Path(results) / f"{rank}.pt", weights_only=False) for rank in range(world_size)]
 
 
@@ -182,3 +183,90 @@ def test_rl_on_two_ranks_keeps_groups_whole_and_the_weights_equal(tmp_path):
     assert counts["checkpoint_files"] == 2 and counts_rank1["checkpoint_files"] == 0  # a checkpoint per iteration
     assert results_rank1["history"] == results["history"] and len(results["history"]) == 2
     assert (tmp_path / "two" / "results.json").is_file() and len(list((tmp_path / "two" / "tb").iterdir())) == 1
+
+
+# ----------------------------------------------------------------------------------------------------- bench
+
+
+RUNS: list = []  # (processes, global batch, steps) of every training run the bench timed, in this process
+
+
+def _timed_run(config, clips, vae, steps, self_forcing, device):
+    """Stands in for one world-model training run of the bench: 50 ms per step, whatever the batch."""
+    import time
+
+    RUNS.append((distributed.world_size(), config.world_model.batch_size, steps))
+    time.sleep(0.05 * steps)
+
+
+def _bench(out: Path):
+    from worldloop.cli import main
+
+    code = main(["bench", "wm-train", "--steps", "2", "--out", str(out)])
+    return code, RUNS
+
+
+def test_bench_wm_train_on_two_ranks_reports_one_process_against_two(tmp_path, monkeypatch):
+    """`torchrun --nproc-per-node 2 -m worldloop bench wm-train`: per setting, rank 0 alone at the preset's batch (as one
+    process), then both ranks with that batch each, and the scaling efficiency of the two; rank 0 alone writes the
+    report. (The training runs themselves stand in here: the tests above train for real on 2 ranks.)"""
+    import json
+
+    from worldloop.config import load_config
+    from worldloop.worldmodel import bench_train
+
+    monkeypatch.setattr(bench_train, "train_wm", _timed_run)
+    (code, runs), (code_rank1, runs_rank1) = run_ranks(_bench, 2, tmp_path / "bench.txt")
+    batch = load_config("tiny-cpu", []).world_model.batch_size
+    assert code == code_rank1 == 0
+    assert {run for run in runs if run[0] == 1} == {(1, batch, 2), (1, batch, 1)}  # rank 0 alone: one process's run
+    assert {run for run in runs_rank1} == {run for run in runs if run[0] == 2} == {(2, 2 * batch, 2), (2, 2 * batch, 1)}
+    rows = json.loads((tmp_path / "bench.json").read_text())
+    assert [(r["processes"], r["batch"]) for r in rows] == [(1, batch), (2, 2 * batch)] * 2
+    for one, two in (rows[:2], rows[2:]):
+        assert one["scaling_efficiency"] == 1.0 and two["clips_per_s_per_process"] == pytest.approx(two["clips_per_s"] / 2)
+        assert two["scaling_efficiency"] == pytest.approx(two["clips_per_s"] / (2 * one["clips_per_s"]))
+        assert 0.7 < two["scaling_efficiency"] < 1.3  # both take 50 ms a step: twice the clips in the same time
+    assert "scaling efficiency" in (tmp_path / "bench.txt").read_text()
+
+
+# ------------------------------------------------------------------------------------------------- the CLI
+
+
+def _verb_in_ranks(out: Path, overrides: list[str]):
+    """A verb that writes a run folder, run by the CLI as torchrun would start it: who ran it, what each rank returned
+    or raised; and what a verb that trains in one process only says under torchrun."""
+    import types
+
+    from worldloop.cli import build_parser, main, run_command
+    from worldloop.commands import train_vae
+    from worldloop.config import ConfigError, load_config
+
+    ran = []
+    verb = types.SimpleNamespace(RUN=train_vae.RUN, DISTRIBUTED=True, run=lambda args, config: ran.append(distributed.rank()) or 0)
+    args = build_parser().parse_args(["train-vae", "--dataset", "d", "--out", str(out)])
+    args._module, args.overrides = verb, overrides
+    try:
+        outcome = run_command(args, load_config("tiny-cpu", overrides))
+    except Exception as error:
+        outcome = f"{type(error).__name__}: {error}"
+    distributed.init("cpu")  # the verb left the process group at its end: join it again for the next one
+    try:
+        refused = run_command(build_parser().parse_args(["config"]), load_config("tiny-cpu", []))
+    except ConfigError as error:
+        refused = str(error)
+    return outcome, ran, refused
+
+
+def test_the_cli_claims_the_run_folder_on_rank_0_and_every_rank_runs_the_verb(tmp_path):
+    """Rank 0 holds the run folder's claim and tells the others: both run the verb once; rerun, the finished run does
+    nothing on either; a folder that holds another run refuses on every rank with rank 0's reason. A verb that
+    trains in one process only refuses to start under torchrun."""
+    first = run_ranks(_verb_in_ranks, 2, tmp_path / "vae", [])
+    assert [(outcome, ran) for outcome, ran, _ in first] == [(0, [0]), (0, [1])]
+    assert "runs as one process; torchrun started 2" in first[0][2]
+    again = run_ranks(_verb_in_ranks, 2, tmp_path / "vae", [])
+    assert [(outcome, ran) for outcome, ran, _ in again] == [(0, []), (0, [])]  # finished: nothing to do
+    other = run_ranks(_verb_in_ranks, 2, tmp_path / "vae", ["vae.steps=7"])
+    assert [ran for _, ran, _ in other] == [[], []]
+    assert other[0][0].startswith("RunRefused") and other[1][0].startswith("RunError: rank 0 could not claim")

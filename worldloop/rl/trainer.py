@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from worldloop.envs.protocol import VecEnv
@@ -129,7 +128,7 @@ def train(
             refiner.restore(start)
         if monitor is not None:
             monitor.restore(extra, history)
-    writer = SummaryWriter(str(out / "tb"), purge_step=start) if main else distributed.summary_writer("")
+    writer = distributed.summary_writer(str(out / "tb"), purge_step=start)
     training_tasks = monitor.start(policy, start, tasks, writer) if monitor is not None else tasks
     ended = (monitor is not None and monitor.stopped) or not training_tasks  # a run that stopped stays stopped when rerun
     training_tasks, ended = distributed.broadcast_object((training_tasks, ended))
@@ -176,64 +175,59 @@ def train(
         policy.train()
         for _ in range(rl.update_epochs if distributed.all_sum(len(samples)) else 0):
             for batch in minibatches_of(samples[torch.randperm(len(samples)).to(device)], minibatches):
-                if not len(batch):  # several ranks: this one has no sample left for this step, which every rank takes
-                    if rl.target_kl is not None and update_steps and distributed.all_mean(0.0) > rl.target_kl:
-                        stopped = True
-                        break
-                    optimizer.zero_grad(set_to_none=True)
-                    distributed.average_gradients(parameters)
-                    torch.nn.utils.clip_grad_norm_(parameters, rl.max_grad_norm)
-                    optimizer.step()
-                    scheduler.step()
-                    update_steps += 1
-                    continue
-                env_index, chunk_index = batch // num_chunks, batch % num_chunks
-                weight = weights[env_index, chunk_index]
-                weight = weight / weight.sum()
-                images = rollout.images[env_index, chunk_index]
-                instructions = [rollout.instructions[i] for i in env_index.tolist()]
-                tokens = rollout.tokens[env_index, chunk_index]
-                with autocast(device):
-                    new = policy.evaluate(images, instructions, tokens, temperature=rl.train_temperature)
-                policy_loss, stats = clipped_policy_loss(
-                    new.log_probs.float(), rollout.log_probs[env_index, chunk_index], advantages[env_index, chunk_index], weight, rl.clip_low, rl.clip_high
-                )
-                entropy = entropy_bonus(new.entropy.float(), weight)
-                loss = policy_loss - rl.entropy_coef * entropy
-                if ppo:
-                    value_loss = clipped_value_loss(
-                        new.values.float(), rollout.values[env_index, chunk_index], returns[env_index, chunk_index], weight, rl.value_clip
+                if len(batch):
+                    env_index, chunk_index = batch // num_chunks, batch % num_chunks
+                    weight = weights[env_index, chunk_index]
+                    weight = weight / weight.sum()
+                    images = rollout.images[env_index, chunk_index]
+                    instructions = [rollout.instructions[i] for i in env_index.tolist()]
+                    tokens = rollout.tokens[env_index, chunk_index]
+                    with autocast(device):
+                        new = policy.evaluate(images, instructions, tokens, temperature=rl.train_temperature)
+                    policy_loss, stats = clipped_policy_loss(
+                        new.log_probs.float(), rollout.log_probs[env_index, chunk_index], advantages[env_index, chunk_index], weight, rl.clip_low, rl.clip_high
                     )
-                    loss = loss + rl.value_coef * value_loss
-                    _append(losses, "critic/value_loss", value_loss)
-                if reference is not None:
-                    with torch.no_grad(), autocast(device):
-                        reference_log_probs = reference.evaluate(images, instructions, tokens, temperature=rl.train_temperature).log_probs
-                    kl = kl_penalty(new.log_probs.float(), reference_log_probs.float(), weight)
-                    loss = loss + rl.kl_coef * kl
-                    _append(losses, "actor/kl_loss", kl)
+                    entropy = entropy_bonus(new.entropy.float(), weight)
+                    loss = policy_loss - rl.entropy_coef * entropy
+                    if ppo:
+                        value_loss = clipped_value_loss(
+                            new.values.float(), rollout.values[env_index, chunk_index], returns[env_index, chunk_index], weight, rl.value_clip
+                        )
+                        loss = loss + rl.value_coef * value_loss
+                        _append(losses, "critic/value_loss", value_loss)
+                    if reference is not None:
+                        with torch.no_grad(), autocast(device):
+                            reference_log_probs = reference.evaluate(images, instructions, tokens, temperature=rl.train_temperature).log_probs
+                        kl = kl_penalty(new.log_probs.float(), reference_log_probs.float(), weight)
+                        loss = loss + rl.kl_coef * kl
+                        _append(losses, "actor/kl_loss", kl)
 
-                if "actor/approx_kl_before_update" not in metrics:
-                    # The same weights that sampled the rollout: ~0 unless rollout and update compute log-probs differently.
-                    metrics["actor/approx_kl_before_update"] = float(stats["approx_kl"])
-                for name, value in (("actor/policy_loss", policy_loss), ("actor/approx_kl", stats["approx_kl"]),
-                                    ("actor/clip_fraction", stats["clip_fraction"]), ("actor/entropy", entropy)):  # fmt: skip
-                    _append(losses, name, value)
+                    if "actor/approx_kl_before_update" not in metrics:
+                        # The same weights that sampled the rollout: ~0 unless rollout and update compute log-probs differently.
+                        metrics["actor/approx_kl_before_update"] = float(stats["approx_kl"])
+                    for name, value in (("actor/policy_loss", policy_loss), ("actor/approx_kl", stats["approx_kl"]),
+                                        ("actor/clip_fraction", stats["clip_fraction"]), ("actor/entropy", entropy)):  # fmt: skip
+                        _append(losses, name, value)
+                else:  # several ranks: this one has no sample left for this step, which every rank takes
+                    loss = None
                 # target_kl: this minibatch's approx_kl is measured before its own step, so stopping here, without
                 # its step, leaves the policy where that measure was taken (CleanRL steps the whole epoch, then checks);
                 # its measurements above stay in the iteration's means, which then show how far the update went.
                 # The first minibatch always steps: before any step, approx_kl is only the rollout-vs-update numerics.
-                if rl.target_kl is not None and update_steps and distributed.all_mean(float(stats["approx_kl"])) > rl.target_kl:
+                approx_kl = float(stats["approx_kl"]) if loss is not None else 0.0
+                if rl.target_kl is not None and update_steps and distributed.all_mean(approx_kl) > rl.target_kl:
                     stopped = True
                     break
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                if loss is not None:
+                    loss.backward()
                 distributed.average_gradients(parameters)
                 grad_norm = torch.nn.utils.clip_grad_norm_(parameters, rl.max_grad_norm)
                 optimizer.step()
                 scheduler.step()  # per optimizer step taken: a stopped update's skipped steps do not advance the warm-up
                 update_steps += 1
-                _append(losses, "actor/grad_norm", grad_norm)
+                if loss is not None:
+                    _append(losses, "actor/grad_norm", grad_norm)
             if stopped:
                 break
         metrics["actor/update_steps"] = float(update_steps)

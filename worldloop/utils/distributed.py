@@ -15,9 +15,10 @@ Not launched by torchrun (no WORLD_SIZE in the environment), nothing here does a
 
 from __future__ import annotations
 
+import contextlib
 import os
 from datetime import timedelta
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -28,9 +29,26 @@ def launched() -> bool:
     return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
 
 
+_alone = False  # set by :func:`alone`
+
+
 def active() -> bool:
-    """Whether this process is one of several in a process group."""
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    """Whether this process is one of several in a process group (and not, for now, working :func:`alone`)."""
+    return not _alone and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+@contextlib.contextmanager
+def alone() -> Iterator[bool]:
+    """``with alone() as working:`` rank 0 (``working`` True) does the work inside as if it were the only process (the
+    one-process baseline of a scaling benchmark); the other ranks (False) skip it and wait for it at the end."""
+    global _alone
+    working = is_main()
+    _alone = working
+    try:
+        yield working
+    finally:
+        _alone = False
+        barrier()
 
 
 def rank() -> int:
