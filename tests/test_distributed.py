@@ -56,7 +56,10 @@ def _counting_writes(function, *args):
         return writer
 
     checkpoint.save_file, distributed.summary_writer = save_file, summary_writer
-    return function(*args), counts
+    try:
+        return function(*args), counts
+    finally:
+        checkpoint.save_file, distributed.summary_writer = real_save, real_writer
 
 
 # ------------------------------------------------------------------------------------------------- world model
@@ -156,7 +159,10 @@ def _rl(out: Path):
         return advantages
 
     env.reset, trainer.grpo_advantages = reset, grpo_advantages
-    results, counts = _counting_writes(trainer.train, policy, env, rl, out, 3, ["reach-top-right"], None, None, False)
+    try:
+        results, counts = _counting_writes(trainer.train, policy, env, rl, out, 3, ["reach-top-right"], None, None, False)
+    finally:
+        trainer.grpo_advantages = real_advantages
     return seen, {k: v.clone() for k, v in policy.state_dict().items()}, counts, results
 
 
