@@ -17,7 +17,7 @@ from worldloop.analysis import analyse, endpoint_analysis, write_analysis
 from worldloop.cli import OVERRIDE, build_parser, main
 from worldloop.config import load_config
 from worldloop.envs.toy import ToyEnv
-from worldloop.experiment import ARMS, real_episode_budget, run_experiment
+from worldloop.experiment import ARMS, gpu_slots, real_episode_budget, run_experiment
 from worldloop.loop import Inputs
 from worldloop.diagnostics.monitor import train_watched
 from worldloop.diagnostics.reality import RealityCheck
@@ -160,6 +160,29 @@ def test_experiment_runs_the_base_once_every_arm_and_seed_resumes_and_analyses(t
     (committed / "verdicts.json").write_text((tmp_path / "exp" / "verdicts.json").read_text())
     write_analysis(committed)
     assert json.loads((committed / "analysis.json").read_text()) == result
+
+
+def test_with_several_gpus_each_arm_and_seed_runs_on_its_own(tmp_path, monkeypatch):
+    """Given 2 GPUs, the 2 arm x seed runs go side by side, each run's stages seeing one GPU (CUDA_VISIBLE_DEVICES), the
+    two runs different ones; the base stages keep every GPU. One GPU or none: no placement."""
+    monkeypatch.chdir(tmp_path)
+    overrides = ["loop.eval_episodes_per_task=4", "rl.iterations=2"]
+    config = load_config("micro", overrides)
+    calls: list = []
+    stand_in = fake_verb(calls, list(config.sim.tasks), 4, config.eval.seed_offset)
+    placed: dict[str, set] = {}
+
+    def verb(argv: list[str], env: dict[str, str] | None = None) -> int:
+        out = argv[argv.index("--out") + 1] if "--out" in argv else ""
+        run = "/".join(Path(out).parts[:4]) if "/arms/" in out else "base"  # exp/arms/ARM/seedK
+        placed.setdefault(run, set()).add((env or {}).get("CUDA_VISIBLE_DEVICES"))
+        return stand_in(argv)
+
+    run_experiment(config, "exp", Inputs(), "micro", overrides, ["full", "shuffled"], seeds=1, verb=verb, gpus=["0", "1"])
+    assert placed.pop("base") == {None}
+    assert sorted(placed) == ["exp/arms/full/seed0", "exp/arms/shuffled/seed0"]
+    assert sorted(gpu for gpus in placed.values() for gpu in gpus) == ["0", "1"]  # one GPU per run, a different one each
+    assert gpu_slots(3, ["0", "1"]) == ["0", "1", "0"] and gpu_slots(2, ["0"]) == [None, None] and gpu_slots(1, []) == [None]
 
 
 def test_an_experiment_refuses_unknown_arms_and_evaluations_from_other_initial_states(tmp_path, monkeypatch, capsys):

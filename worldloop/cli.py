@@ -6,7 +6,8 @@ and ``run(args, config)``. Verbs take the common ``--preset`` and trailing dotte
 (``--out``) declares what defines its run (``RUN``, a :class:`~worldloop.utils.runfolder.RunSpec`):
 the folder is claimed here, for every such verb alike (one run per folder, one writer at a time,
 ``--overwrite`` to replace another run). Expected failures end in one line on stderr; ``--debug``
-shows the traceback.
+shows the traceback. A verb that trains data-parallel under torchrun says so (``DISTRIBUTED = True``); the others
+refuse to start as several processes.
 """
 
 from __future__ import annotations
@@ -106,17 +107,49 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_command(args: argparse.Namespace, config) -> int:
-    """The verb, in the run folder it claims when it declares ``RUN``."""
+    """The verb, in the run folder it claims when it declares ``RUN``; under torchrun, in its process group."""
+    from worldloop.utils import distributed
+
+    if distributed.launched():
+        if not getattr(args._module, "DISTRIBUTED", False):
+            raise ConfigError(f"worldloop {args.verb} runs as one process; torchrun started {os.environ['WORLD_SIZE']} "
+                              "(train-vae, train-wm, sft, train-reward, rl and bench wm-train run on several)")  # fmt: skip
+        distributed.init(config.device)
+        try:
+            return _claimed(args, config)
+        finally:
+            distributed.close()
+    return _claimed(args, config)
+
+
+def _claimed(args: argparse.Namespace, config) -> int:
+    """The verb in its claimed run folder: rank 0 holds the claim and tells the other ranks whether to run."""
+    from worldloop.utils import distributed
+
     spec = getattr(args._module, "RUN", None)
     if spec is None:
         return int(args._module.run(args, config) or 0)
-    with RunClaim(args.out, args.verb, spec, config, vars(args), overwrite=args.overwrite, read_config=load_saved_config) as claim:
+    if not distributed.is_main():
+        said = distributed.broadcast_object(None)  # rank 0's claim: True (finished), False (go on) or its error
+        if isinstance(said, str):
+            raise RunError(said)
+        return 0 if said else int(args._module.run(args, config) or 0)
+    claim = RunClaim(args.out, args.verb, spec, config, vars(args), overwrite=args.overwrite, read_config=load_saved_config)
+    try:
+        claim.__enter__()
+    except Exception as error:
+        distributed.broadcast_object(f"rank 0 could not claim --out {args.out}: {error}")
+        raise
+    try:
+        distributed.broadcast_object(claim.finished)
         if claim.finished:
             return 0
         code = int(args._module.run(args, config) or 0)
         if code == 0:
             claim.finish()
         return code
+    finally:
+        claim.__exit__(None, None, None)
 
 
 if __name__ == "__main__":

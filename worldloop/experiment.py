@@ -11,19 +11,25 @@
 Every evaluation runs the eval verb on the loop's eval episodes, which start from the same initial states (fixed by task
 and episode number: :func:`worldloop.rl.evaluate.eval_seed`), so each arm's final policy is compared with the base
 policy episode by episode. Each arm and seed resumes through its own stage markers, like the loop.
+
+With several GPUs visible, the arm x seed runs go side by side, each on a GPU of its own (its stages see only that one,
+through CUDA_VISIBLE_DEVICES); with one GPU or none, one after another unless ``--parallel`` says otherwise.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import os
+import queue
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from worldloop.config import Config, load_config, save_config
-from worldloop.loop import Inputs, Stage, plan, run_loop, run_stages
+from worldloop.loop import Inputs, Stage, plan, run_loop, run_stages, run_verb
 from worldloop.utils.io import atomic_write_json, read_json
 
 BASE_DIR, ARMS_DIR = "base", "arms"
@@ -101,6 +107,22 @@ def vae_eval_stage(name: str, policy: str, vae: str, run: Path, config: Config, 
     return Stage(name, argv, gated=gated)
 
 
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (else numbered from 0)."""
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if given is not None:
+        return [device.strip() for device in given.split(",") if device.strip() and device.strip() != "-1"]
+    import torch
+
+    return [str(index) for index in range(torch.cuda.device_count())]
+
+
+def gpu_slots(parallel: int, gpus: list[str]) -> list[str | None]:
+    """The GPU of each of ``parallel`` side-by-side runs: the ``gpus`` in turn (several runs share one when there are
+    more runs than GPUs); None, and no placement, with fewer than 2 GPUs."""
+    return [gpus[slot % len(gpus)] if len(gpus) > 1 else None for slot in range(parallel)]
+
+
 def run_experiment(
     config: Config,
     run: str | Path,
@@ -109,12 +131,18 @@ def run_experiment(
     overrides: list[str],
     arms: list[str],
     seeds: int,
-    verb: Callable[[list[str]], int] | None = None,
-    parallel: int = 1,
+    verb: Callable[..., int] | None = None,
+    parallel: int | None = None,
     through_vae: bool = False,
+    gpus: list[str] | None = None,
 ) -> Path:
-    """Run the base stages once, then every declared arm x seed (``parallel`` of them side by side), then gather the
-    per-episode verdicts into RUN/verdicts.json; returns its path. Finished stages are skipped on a rerun."""
+    """Run the base stages once, then every declared arm x seed (``parallel`` of them side by side; default: one per
+    GPU when ``gpus`` holds several, else 1), then gather the per-episode verdicts into RUN/verdicts.json; returns its
+    path. Finished stages are skipped on a rerun. ``gpus``: the GPUs to place the runs on, each run's stages seeing
+    only its own (default: :func:`visible_gpus` when ``verb`` is the real one, none for a stand-in); a stand-in
+    ``verb`` then takes ``env`` (the variables to set) as a keyword."""
+    gpus = (visible_gpus() if verb is None else []) if gpus is None else gpus
+    parallel = parallel if parallel is not None else len(gpus) if len(gpus) > 1 else 1
     unknown = [arm for arm in arms if arm not in ARMS]
     if unknown:
         raise ValueError(f"--arms: unknown arm(s) {', '.join(unknown)}; the arms: {', '.join(ARMS)}")
@@ -159,11 +187,21 @@ def run_experiment(
         "real_episode_budget": {"episodes": budget, "episodes_per_iteration": per_iteration},
     })  # fmt: skip
 
+    slots: queue.Queue = queue.Queue()
+    for gpu in gpu_slots(parallel, gpus):
+        slots.put(gpu)
+
     def run_job(job) -> None:
         label, arm_config, arm_run, stages, every = job
         arm_run.mkdir(parents=True, exist_ok=True)
         save_config(arm_config, arm_run)
-        run_stages(arm_config, arm_run, stages, Path(base_paths["gate"]), preset, every, verb, label=label)
+        gpu = slots.get()  # a run takes a free slot (its GPU) and gives it back when it ends
+        try:
+            job_verb = verb if gpu is None else functools.partial(verb or run_verb, env={"CUDA_VISIBLE_DEVICES": gpu})
+            run_stages(arm_config, arm_run, stages, Path(base_paths["gate"]), preset, every, job_verb,
+                       label=label if gpu is None else f"{label} (GPU {gpu})")  # fmt: skip
+        finally:
+            slots.put(gpu)
 
     failed = []
     with ThreadPoolExecutor(max_workers=parallel) as pool:

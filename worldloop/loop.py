@@ -231,11 +231,13 @@ def rl_minutes(config: Config, stages: list[Stage], seconds_so_far: dict[str, fl
     return min(minutes, config.rl.time_limit_min) if config.rl.time_limit_min else minutes
 
 
-def run_verb(argv: list[str]) -> int:
-    """``worldloop ARGV`` in a child process; its exit code. The loop and its stage are one process tree:
+def run_verb(argv: list[str], env: dict[str, str] | None = None) -> int:
+    """``worldloop ARGV`` in a child process (with the variables ``env`` set in its environment, e.g. the GPU it may
+    use); its exit code. The loop and its stage are one process tree:
     the stage runs in its own process group, SIGINT/SIGTERM to the loop are passed on to that group, and
     the stage dies with the loop however the loop dies (Linux: the kernel's parent-death signal)."""
-    child = subprocess.Popen([sys.executable, "-m", "worldloop", *argv], preexec_fn=functools.partial(_stage_process_setup, os.getpid(), _prctl()))
+    child = subprocess.Popen([sys.executable, "-m", "worldloop", *argv], preexec_fn=functools.partial(_stage_process_setup, os.getpid(), _prctl()),
+                             env={**os.environ, **env} if env else None)  # fmt: skip
     forward = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     received: list[int] = []
 

@@ -17,7 +17,8 @@ HELP = """Measure speed and print a table:
   data    dataset write and read (cold decode vs decoded cache) speed
   policy  compact-VLA act() and SFT step throughput
   wm      world-model step (5 DiT steps + decode of the new frames): frames/s and FLOP utilisation
-  wm-train  world-model training: optimizer steps/s and clips/s, without and with self-forcing
+  wm-train  world-model training: optimizer steps/s and clips/s, without and with self-forcing; under
+            torchrun --nproc-per-node N, also one process against N and the scaling efficiency
   vae-train  VAE training: optimizer steps/s and clips/s, default and channels-last memory layout
   reward  judge throughput: classifier and TOPReward windows/s
   vla     OpenVLA-OFT act() latency/throughput and GRPO update time and peak memory (--models tiny 7b)"""
@@ -34,6 +35,9 @@ TARGETS: dict[str, str] = {
 }
 """Benchmark name -> "module:function" with signature ``function(args, config) -> int``."""
 
+DISTRIBUTED = True  # bench wm-train measures data-parallel training under torchrun; the other targets refuse it
+SCALING = ("wm-train",)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", choices=sorted(TARGETS), help="what to measure")
@@ -48,5 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
+    from worldloop.config import ConfigError
+    from worldloop.utils import distributed
+
+    if distributed.active() and args.target not in SCALING:
+        raise ConfigError(f"bench {args.target} runs as one process; under torchrun only {', '.join(SCALING)} measures scaling")
     module_name, function_name = TARGETS[args.target].split(":")
     return int(getattr(importlib.import_module(module_name), function_name)(args, config) or 0)

@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms (default: all: {','.join(ARMS)})")
     parser.add_argument("--seeds", type=int, default=4, help="seeds per arm (default: 4, the fewest at which the exact test of two arms "
                         "over seeds can reach p < 0.05)")
-    parser.add_argument("--parallel", type=int, default=1, help="arm x seed runs side by side (on one GPU where its memory allows; default: 1)")
+    parser.add_argument("--parallel", type=int, default=None, help="arm x seed runs side by side (default: one per GPU, each on its own, when "
+                        "several are visible; else 1; more runs than GPUs share them in turn, one GPU where its memory allows)")
     parser.add_argument("--through-vae", action="store_true", help="also evaluate the base and every final policy observing the simulator "
                         "through the world model's VAE (the secondary endpoint)")
     parser.add_argument("--dataset", default=None, help="your own demonstration dataset (LeRobot v3) instead of collecting expert demos")

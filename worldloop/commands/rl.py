@@ -24,6 +24,7 @@ Example: worldloop rl --policy runs/sft --world-model runs/wm --judge runs/rw --
          --keyframes runs/data/keyframes --out runs/rl rl.iterations=50"""
 
 RUN = RunSpec(("seed", "sim", "eval", "reward", "world_model", "rl"))
+DISTRIBUTED = True  # data-parallel under torchrun (worldloop.utils.distributed)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +57,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from worldloop.rl.summary import results_table
     from worldloop.sims import make_env
     from worldloop.sims.tasks import resolve_tasks
+    from worldloop.utils import distributed
     from worldloop.utils.device import resolve_device
 
     rl, imagined = config.rl, args.env == "imagined"
@@ -65,25 +67,27 @@ def run(args: argparse.Namespace, config: Config) -> int:
     if policy == EXPERT:
         raise ConfigError("--policy expert cannot be trained; give a policy folder")
     policy = with_value_head(policy) if rl.algorithm == "ppo" else policy
-    save_config(config, args.out)
+    main, num_envs = distributed.is_main(), distributed.share(rl.num_groups, "rl.num_groups") * rl.group_size  # this rank's envs
+    if main:
+        save_config(config, args.out)
     closers = []
     try:
         world_model = load_world_model(args.world_model, config, args.overrides, device) if args.world_model else None
         judge = load_rl_judge(args.judge, device, config) if args.judge else None
         dataset = TrajectoryDataset(args.dataset) if args.dataset else None
         if imagined:
-            env = imagined_env(config, world_model, judge, dataset, args.keyframes, rl.num_groups * rl.group_size, rl.group_size, rl.max_steps, device)
+            env = imagined_env(config, world_model, judge, dataset, args.keyframes, num_envs, rl.group_size, rl.max_steps, device)
             chosen = args.tasks.split(",") if args.tasks else None
             tasks = env.task_names if chosen is None else [instruction_of(task) for task in chosen]
             train_sim_tasks = chosen or sim_tasks(tasks)
         else:
             train_sim_tasks = args.tasks.split(",") if args.tasks else resolve_tasks(config.sim)
-            env = through_codec(make_env(config, rl.num_groups * rl.group_size, tasks=train_sim_tasks), world_model, config)
+            env = through_codec(make_env(config, num_envs, tasks=train_sim_tasks), world_model, config)
             tasks = list(train_sim_tasks)
         closers.append(env)
 
         check = calibration = None
-        if rl.eval_episodes_per_task > 0:
+        if rl.eval_episodes_per_task > 0 and main:  # rank 0 alone runs the reality checks
             eval_tasks = list(rl.eval_tasks) or list(train_sim_tasks)
             if rl.judge_threshold == "replay":  # on initial states apart from the evaluations', which stay out of sample
                 calibration = reality_check(config, eval_tasks, world_model, judge, dataset, device, closers, first_episode=rl.eval_episodes_per_task)
@@ -112,6 +116,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
     finally:
         for env in closers:
             env.close()
+    if not main:
+        return 0
     print(results_table(results["evaluations"], results["history"]), end="")
     print(f"final policy: {args.out}/policy; curves: tensorboard --logdir {args.out}/tb")
     return 0
@@ -132,6 +138,12 @@ def check_arguments(args: argparse.Namespace, rl) -> None:
     elif args.keyframes or args.dataset:
         raise ConfigError("--keyframes and --dataset have no use with --env real (the simulator starts from its own initial states); "
                           "--world-model and --judge, when given, measure the imagination-reality gap")
+    from worldloop.utils import distributed
+
+    if distributed.launched() and rl.judge_threshold == "replay" and rl.eval_episodes_per_task > 0:
+        raise ConfigError("rl.judge_threshold=replay calibrates the judge in one process: run it without torchrun, or give a threshold")
+    if distributed.launched() and rl.refine_every > 0:
+        raise ConfigError(f"rl.refine_every={rl.refine_every} refines the world model in one process: run it without torchrun, or set rl.refine_every=0")
     checks = args.world_model and args.judge and rl.eval_episodes_per_task > 0
     needs = f"--world-model, --judge and rl.eval_episodes_per_task > 0 (got {rl.eval_episodes_per_task})"
     for on, does in ((rl.diagnostics.drop_imagined_only, "rl.diagnostics.drop_imagined_only=true compares real and imagined success at each reality check"),

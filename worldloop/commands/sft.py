@@ -11,6 +11,7 @@ HELP = """Fine-tune the compact VLA on demonstrations (action-token cross-entrop
 With --policy openvla-oft:DIR, fine-tune that OpenVLA-OFT checkpoint instead (LoRA; L1 + token loss; OUT in the published layout)."""
 
 RUN = RunSpec(("seed", "policy", "sft"))
+DISTRIBUTED = True  # data-parallel under torchrun (worldloop.utils.distributed)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,10 +29,14 @@ def run(args: argparse.Namespace, config: Config) -> int:
     if args.episodes_per_task is not None:
         config.sft.episodes_per_task = args.episodes_per_task
         config.sft.validate()
+    from worldloop.utils import distributed
+
     if args.policy:
         from worldloop.config import ConfigError
         from worldloop.policies.sft_openvla_oft import finetune_openvla_oft
 
+        if distributed.active():
+            raise ConfigError("sft --policy (OpenVLA-OFT) runs in one process: start it without torchrun")
         if args.world_model:
             raise ConfigError("--world-model (codec augmentation and agreement) is for the compact VLA; sft --policy does not use it")
         results = finetune_openvla_oft(config, args.policy, args.dataset, args.out)
@@ -39,6 +44,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
               f"train loss {results['final_train_loss']:.3f}; model in {args.out} (published OpenVLA-OFT layout)")
         return 0
     results = train_sft(config, args.dataset, args.out, world_model=args.world_model)
+    if not distributed.is_main():
+        return 0
     codec = results.get("held_out_codec_token_agreement")
     print(
         f"sft: {results['steps']} steps on {results['train_samples']} samples in {results['seconds']:.0f} s; "

@@ -16,6 +16,7 @@ HELP = (
 )
 
 RUN = RunSpec(("seed", "sim.chunk_size", "reward", "world_model"))
+DISTRIBUTED = True  # data-parallel under torchrun (worldloop.utils.distributed)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,13 +31,15 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from worldloop.data.dataset import TrajectoryDataset, split_episodes
     from worldloop.rewards.labels import LabelledFrames, labelled_frames
     from worldloop.rewards.train import train_classifier
+    from worldloop.utils import distributed
     from worldloop.utils.device import resolve_device
 
     settings = config.reward.training
     datasets = [TrajectoryDataset(folder) for folder in args.dataset]
     splits = [split_episodes(dataset, settings.held_out_fraction, seed=config.seed) for dataset in datasets]
     held_out_ids = [i for _, held in splits for i in held]
-    save_config(config, args.out)
+    if distributed.is_main():
+        save_config(config, args.out)
     instructions = list(dict.fromkeys(task for dataset in datasets for task in dataset.tasks))
 
     def read(part: int):  # every dataset's train (0) or held-out (1) episodes, one after another
@@ -63,13 +66,16 @@ def run(args: argparse.Namespace, config: Config) -> int:
         train = LabelledFrames.cat([train, imagined(0)])
         if held_out_ids:
             also_evaluate["held_out_imagined"] = imagined(1)
-    print(
-        f"train-reward: {len(train)} training frames ({int(train.success.sum())} success{', half imagined' if args.world_model else ''}), "
-        f"{len(held_out) if held_out else 0} held-out frames from {len(held_out_ids)} episodes"
-    )
+    if distributed.is_main():
+        print(
+            f"train-reward: {len(train)} training frames ({int(train.success.sum())} success{', half imagined' if args.world_model else ''}), "
+            f"{len(held_out) if held_out else 0} held-out frames from {len(held_out_ids)} episodes"
+        )
     threshold_on = "held_out_imagined" if "held_out_imagined" in also_evaluate else "held_out"
     metrics = train_classifier(train, held_out, config.reward, args.out, device, seed=config.seed, also_evaluate=also_evaluate,
                                threshold_on=threshold_on, verdict_every=config.sim.chunk_size)  # fmt: skip
+    if not distributed.is_main():
+        return 0
     report = metrics["held_out"] or metrics["train"]
     which = "held-out" if metrics["held_out"] else "train (no held-out episodes)"
     at = report["at_threshold"]

@@ -14,6 +14,7 @@ logs in OUT/tb and checkpoints; rerunning the same command resumes.
 Example: worldloop train-vae --dataset runs/data --out runs/vae vae.steps=2000"""
 
 RUN = RunSpec(("seed", "vae"))
+DISTRIBUTED = True  # data-parallel under torchrun (worldloop.utils.distributed)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,11 +25,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, config: Config) -> int:
     import json
 
+    from worldloop.utils import distributed
     from worldloop.utils.device import resolve_device
     from worldloop.worldmodel.train import load_split, train_vae
 
-    save_config(config, args.out)
+    if distributed.is_main():
+        save_config(config, args.out)
     train, held_out, _ = load_split(args.dataset, config.vae.held_out_fraction, config.seed)
     metrics = train_vae(config.vae, train, held_out, args.out, resolve_device(config.device), config.seed)
-    print(json.dumps(metrics, indent=2))
+    if distributed.is_main():
+        print(json.dumps(metrics, indent=2))
     return 0

@@ -14,6 +14,7 @@ augmentation and static clips; EMA weights are saved to --out as a world-model f
 Example: worldloop train-wm --dataset runs/data --vae runs/vae --out runs/wm world_model.steps=4000"""
 
 RUN = RunSpec(("seed", "world_model"))
+DISTRIBUTED = True  # data-parallel under torchrun (worldloop.utils.distributed)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,12 +28,14 @@ def run(args: argparse.Namespace, config: Config) -> int:
     import json
     from pathlib import Path
 
+    from worldloop.utils import distributed
     from worldloop.utils.device import resolve_device
     from worldloop.worldmodel.train import load_split, steps_trained, train_world_model
     from worldloop.worldmodel.rollout import WorldModel
     from worldloop.worldmodel.vae import load_vae
 
-    save_config(config, args.out)
+    if distributed.is_main():
+        save_config(config, args.out)
     train = [episode for folder in args.dataset for episode in load_split(folder, config.world_model.held_out_fraction, config.seed)[0]]
     vae = load_vae(args.vae)
     key = {"dataset": [str(Path(folder).resolve()) for folder in args.dataset], "vae": str(Path(args.vae).resolve()), "init": args.init}
@@ -40,5 +43,6 @@ def run(args: argparse.Namespace, config: Config) -> int:
     init = WorldModel.from_pretrained(args.init, device) if args.init else None
     steps_before = steps_trained(args.init) if args.init else 0
     train_world_model(config.world_model, train, vae, args.out, device, config.seed, cache_key=key, init=init, steps_before=steps_before)
-    print(json.dumps(json.loads((Path(args.out) / "results.json").read_text()), indent=2))
+    if distributed.is_main():
+        print(json.dumps(json.loads((Path(args.out) / "results.json").read_text()), indent=2))
     return 0

@@ -12,6 +12,11 @@ bottom, :func:`fit_policy` is the whole algorithm:
 All frames and targets are held in memory on the training device (uint8), so a step never waits
 for data. Resuming from OUT's latest checkpoint continues bit-exactly (same batches, same
 weights on CPU): the batch sampler is a seeded generator saved with the checkpoint.
+
+Under torchrun (:mod:`worldloop.utils.distributed`) every rank draws and augments the same global batch of
+``sft.batch_size`` samples and trains on its own rows of it; the gradients are averaged over the ranks, and rank 0
+alone writes checkpoints, TensorBoard, the progress bar and the model. The run is the same training whatever the
+number of processes.
 """
 
 from __future__ import annotations
@@ -190,16 +195,17 @@ def fit_policy(
     ``sft.augment_codec`` of the training frames are shown through it. Returns the results dict, also
     written to ``out/sft_results.json``.
     """
-    from torch.utils.tensorboard import SummaryWriter
     from tqdm import tqdm
 
     from worldloop.config import save_config
+    from worldloop.utils import distributed
     from worldloop.utils.checkpoint import announce_resume, latest_checkpoint, load_checkpoint, save_checkpoint
     from worldloop.utils.device import resolve_device
     from worldloop.utils.io import atomic_write_json
 
     sft, out = config.sft, Path(out)
     device = resolve_device(config.device)
+    main, mine = distributed.is_main(), distributed.rows(sft.batch_size, "sft.batch_size")
     torch.manual_seed(config.seed)
     chunk_size = config.policy.chunk_size
 
@@ -225,6 +231,7 @@ def fit_policy(
     policy = CompactVLA(config.policy, action_dim, image_size, tokenizer)
     policy.add_instructions(list(instructions))
     policy.to(device).train()
+    distributed.broadcast_parameters(policy)
     train = train.to(device)
     train_tokens = tokenizer.encode(train.chunks)  # (N, K, A)
     if held_out is not None:
@@ -240,17 +247,19 @@ def fit_policy(
     if resume is not None:
         start, saved = load_checkpoint(resume, {"model": policy}, stateful)
         last_loss = saved.get("train_loss", last_loss)
-        announce_resume("sft", resume, start)
+        if main:
+            announce_resume("sft", resume, start)
     out.mkdir(parents=True, exist_ok=True)
-    save_config(config, out)
+    if main:
+        save_config(config, out)
 
-    writer = SummaryWriter(str(out / "tb"))
+    writer = distributed.summary_writer(str(out / "tb"))
     metrics: dict[str, float] = {}
     started = time.time()
     end = sft.steps if stop_after is None else min(sft.steps, stop_after)
-    progress = tqdm(range(start, end), initial=start, total=sft.steps, desc="sft", dynamic_ncols=True, disable=None)
+    progress = tqdm(range(start, end), initial=start, total=sft.steps, desc="sft", dynamic_ncols=True, disable=None if main else True)
     for step in progress:
-        index = torch.randint(len(train), (sft.batch_size,), generator=sampler)
+        index = torch.randint(len(train), (sft.batch_size,), generator=sampler)  # the global batch; this rank trains on ``mine``
         images = train.frames[index.to(device)]
         if sft.augment_codec:
             images = random_reconstructed(images, train.reconstructed[index.to(device)], sft.augment_codec, sampler)
@@ -258,24 +267,26 @@ def fit_policy(
             images = random_shift(images, sft.augment_shift, sampler)
         if sft.augment_blur:
             images = random_blur(images, sft.augment_blur, sampler)
+        index = index[mine]
         batch_instructions = [instructions[i] for i in train.instruction_ids[index.to(device)].tolist()]
         with _autocast(device):
-            logits, _ = policy(images, batch_instructions)  # (B, K, A, bins)
+            logits, _ = policy(images[mine], batch_instructions)  # (B, K, A, bins)
         target = train_tokens[index.to(device)]
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        distributed.average_gradients(policy.parameters())
         if sft.grad_clip:
             torch.nn.utils.clip_grad_norm_(policy.parameters(), sft.grad_clip)
         optimizer.step()
         scheduler.step()
 
         done = step + 1
-        last_loss = loss.item()
+        last_loss = distributed.all_mean(loss.item())
         writer.add_scalar("train/loss", last_loss, done)
         writer.add_scalar("train/lr", scheduler.get_last_lr()[0], done)
         progress.set_postfix(loss=f"{last_loss:.3f}")
-        if held_out is not None and (done % sft.eval_every == 0 or done == sft.steps):
+        if main and held_out is not None and (done % sft.eval_every == 0 or done == sft.steps):
             metrics = held_out_metrics(policy, held_out, held_out_tokens, sft.batch_size)
             for name, value in metrics.items():
                 writer.add_scalar(f"held_out/{name}", value, done)
@@ -286,8 +297,9 @@ def fit_policy(
     elapsed = time.time() - started
     if end < sft.steps:
         return {"stopped_at": end}
-    if held_out is not None and not metrics:  # resumed from the last step's checkpoint: the final evaluation is still due
+    if main and held_out is not None and not metrics:  # resumed from the last step's checkpoint: the final evaluation is still due
         metrics = held_out_metrics(policy, held_out, held_out_tokens, sft.batch_size)
+    metrics = distributed.broadcast_object(metrics)  # rank 0 evaluated
 
     results = {
         "steps": sft.steps,
@@ -301,10 +313,13 @@ def fit_policy(
         "seconds": elapsed,
         "seconds_per_step": elapsed / max(1, end - start),
         "parameters": sum(p.numel() for p in policy.parameters()),
+        "processes": distributed.world_size(),
         **(extra_results or {}),
     }
-    publish_model(policy.cpu().eval(), out)
-    atomic_write_json(out / "sft_results.json", results)
+    if main:
+        publish_model(policy.cpu().eval(), out)
+        atomic_write_json(out / "sft_results.json", results)
+    distributed.barrier()
     return results
 
 
@@ -347,7 +362,10 @@ def train_sft(
     train_ids, held_ids = split_episodes(ds, held_out_fraction=config.sft.held_out_fraction, seed=config.seed)
     summaries = [episode_summary(ds, i) for i in train_ids]
     chosen = select_episodes(summaries, per_task)
-    print(f"sft: {len(chosen)} training episodes ({per_task or 'all'} per task), {len(held_ids)} held out, from {dataset}")
+    from worldloop.utils import distributed
+
+    if distributed.is_main():
+        print(f"sft: {len(chosen)} training episodes ({per_task or 'all'} per task), {len(held_ids)} held out, from {dataset}")
     extra = {"dataset": str(dataset), "episodes_per_task": per_task, "train_episodes": chosen, "held_out_episodes": list(held_ids)}
     return fit_policy(
         config,

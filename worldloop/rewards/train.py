@@ -4,6 +4,10 @@ labelled frames (see labels.py) -> class-balanced batches (half success, half fa
 world-model artefact augmentations on the device -> BCE -> AdamW step; every ``eval_every``
 steps: held-out AUROC to TensorBoard and an atomic checkpoint (exact resume). At the end the
 classifier is saved to ``RW/model`` and its held-out metrics to ``RW/metrics.json``.
+
+Under torchrun (:mod:`worldloop.utils.distributed`) every rank draws and augments the same global batch and trains on
+its own rows (BatchNorm statistics are each rank's, as with DDP), the gradients are averaged, and rank 0 alone
+evaluates, checkpoints and writes the judge.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from worldloop.rewards.classifier import MODEL_SUBFOLDER, SuccessClassifier
 from worldloop.rewards.configuration import RewardConfig
 from worldloop.rewards.labels import NO_POSITIVE_HINT, LabelledFrames
 from worldloop.rewards.metrics import at_threshold, auroc, episode_verdict_metrics, max_kappa_threshold, per_episode, suggest_thresholds
+from worldloop.utils import distributed
 from worldloop.utils.checkpoint import announce_resume, latest_checkpoint, load_checkpoint, save_checkpoint
 from worldloop.utils.device import autocast_dtype
 from worldloop.utils.io import atomic_write_json
@@ -95,7 +100,6 @@ def train_classifier(
     size of the environments the judge will end episodes in (one verdict per chunk), for the
     episode-level metrics and 'episode_kappa', whose standard-error rules reward.calibrate sets. ``reward``: the
     classifier to build (reward.classifier), how to train it (reward.training) and to choose its threshold."""
-    from torch.utils.tensorboard import SummaryWriter
     from tqdm import tqdm
 
     out = Path(out)
@@ -105,47 +109,55 @@ def train_classifier(
         raise ValueError("training frames: every frame is labelled success; failure frames are needed too")
     torch.manual_seed(seed)
     config, architecture = reward.training, reward.classifier
+    main, mine = distributed.is_main(), distributed.rows(config.batch_size, "reward.training.batch_size")
     model = SuccessClassifier(train.instructions, architecture.conditioning, architecture.input_size, architecture.threshold, int(train.frames.shape[1]))
     if architecture.pretrained_backbone:
         model.load_backbone(architecture.pretrained_backbone)
     model.to(device)
+    distributed.broadcast_parameters(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     step = 0
     checkpoint = latest_checkpoint(out)
     if checkpoint is not None:
         step, _ = load_checkpoint(checkpoint, {"model": model}, {"optimizer": optimizer})
-        announce_resume("train-reward", checkpoint, step)
+        if main:
+            announce_resume("train-reward", checkpoint, step)
 
     data = train.to(device)  # uint8 frames live on the device: batches are gathered there
     positives = torch.nonzero(data.success).squeeze(1)
     negatives = torch.nonzero(~data.success).squeeze(1)
     dtype = autocast_dtype(device)
-    writer = SummaryWriter(str(out / "tb"))
-    progress = tqdm(total=config.steps, initial=step, desc="train-reward", unit="step", dynamic_ncols=True)
+    writer = distributed.summary_writer(str(out / "tb"))
+    progress = tqdm(total=config.steps, initial=step, desc="train-reward", unit="step", dynamic_ncols=True, disable=not main)
     while step < config.steps:
         model.train()
-        index = balanced_batch(positives, negatives, config.batch_size)
+        index = balanced_batch(positives, negatives, config.batch_size)  # the global batch; this rank trains on ``mine``
         images = model.prepare(data.frames[index])
         if config.augment:
             images = world_model_artefacts(images, config.blur_prob, config.jitter, config.noise_std)
+        index, images = index[mine], images[mine]
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             logits = model(images, data.task[index])
         loss = F.binary_cross_entropy_with_logits(logits.float(), data.success[index].float())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        distributed.average_gradients(model.parameters())
         optimizer.step()
         step += 1
+        bce = distributed.all_mean(loss.item())
         progress.update(1)
-        progress.set_postfix(loss=f"{loss.item():.3f}")
-        writer.add_scalar("train/bce", loss.item(), step)
+        progress.set_postfix(loss=f"{bce:.3f}")
+        writer.add_scalar("train/bce", bce, step)
         if step % config.eval_every == 0 or step == config.steps:
-            if held_out is not None and len(held_out):
+            if main and held_out is not None and len(held_out):
                 metrics = evaluate(model, held_out)
                 if metrics["auroc"] is not None:
                     writer.add_scalar("held_out/auroc", metrics["auroc"], step)
             save_checkpoint(out, step, {"model": model}, {"optimizer": optimizer})
     progress.close()
     writer.close()
+    if not main:  # rank 0 chooses the threshold, evaluates and saves the judge
+        return distributed.broadcast_object(None)
 
     model.eval()
     chosen_on = choose_threshold(model, config.threshold_from, (also_evaluate or {}).get(threshold_on, held_out), threshold_on, verdict_every,
@@ -161,7 +173,7 @@ def train_classifier(
         **{name: evaluate(model, frames, verdict_every) for name, frames in (also_evaluate or {}).items()},
     }
     atomic_write_json(out / "metrics.json", metrics)
-    return metrics
+    return distributed.broadcast_object(metrics)
 
 
 def choose_threshold(model: SuccessClassifier, rule: str, data: LabelledFrames | None, name: str, verdict_every: int = 8,

@@ -21,6 +21,12 @@ One iteration, top to bottom (:func:`train`):
 The environment is anything with the :class:`~worldloop.envs.protocol.VecEnv` protocol: the
 imagined environment (RL in the world model), the real simulator (the GRPO-in-reality baseline)
 or the toy world of the tests.
+
+Under torchrun (:mod:`worldloop.utils.distributed`) each rank runs rl.num_groups / (number of ranks) whole groups in
+its own environments (a group never straddles ranks, so its advantages need no communication), samples from its own
+random stream, and takes the same number of minibatch steps as every other rank, the gradients averaged over the
+ranks. Rank 0 alone watches the run (the monitor's reality checks and stop rules, whose decisions it sends to the
+others), logs and writes; the iteration's metrics are reduced over the ranks first.
 """
 
 from __future__ import annotations
@@ -32,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from worldloop.envs.protocol import VecEnv
@@ -51,6 +56,7 @@ from worldloop.rl.curves import plot_curves
 from worldloop.rl.losses import clipped_policy_loss, clipped_value_loss, entropy_bonus, kl_penalty
 from worldloop.rl.rollout import Rollout, autocast, check_compatible, collect, policy_device
 from worldloop.rl.summary import results_table, sources_by_task_rows, sources_line  # noqa: F401  (the last two: read from here by worldloop.report)
+from worldloop.utils import distributed
 from worldloop.utils.checkpoint import announce_resume, latest_checkpoint, load_checkpoint, save_checkpoint
 from worldloop.utils.io import atomic_write_json, atomic_write_text
 
@@ -85,8 +91,18 @@ def train(
     out.mkdir(parents=True, exist_ok=True)
     check_compatible(policy, env)
     num_envs, group_size = env.num_envs, rl.group_size
-    if num_envs != rl.num_groups * group_size:
-        raise ValueError(f"the environment has {num_envs} envs; rl.num_groups x rl.group_size = {rl.num_groups} x {group_size} = {rl.num_groups * group_size}")
+    groups_here = distributed.share(rl.num_groups, "rl.num_groups")  # this rank's whole groups
+    if num_envs != groups_here * group_size:
+        on = f" on each of {distributed.world_size()} processes" if distributed.active() else ""
+        raise ValueError(f"the environment has {num_envs} envs; rl.num_groups x rl.group_size{on} = {groups_here} x {group_size} = {groups_here * group_size}")
+    main, mine = distributed.is_main(), slice(distributed.rank() * num_envs, (distributed.rank() + 1) * num_envs)  # this rank's envs of all
+    if distributed.active() and refiner is not None and rl.refine_every > 0:
+        raise ValueError(f"rl.refine_every={rl.refine_every} refines the world model in one process only: run it without torchrun, or set rl.refine_every=0")
+    if not main:
+        monitor = None  # rank 0 watches the run and tells the others what it decided
+        console = False
+    distributed.seed_per_rank(seed)  # each rank samples its own rollouts
+    distributed.broadcast_parameters(policy)
     ppo = rl.algorithm == "ppo"
     tasks = list(tasks) if tasks is not None else list(range(len(getattr(env, "task_names", [0]))))
     device = policy_device(policy)
@@ -103,7 +119,8 @@ def train(
     checkpoint = latest_checkpoint(out)
     if checkpoint is not None:
         start, extra = load_checkpoint(checkpoint, modules, stateful)
-        announce_resume("rl", checkpoint, start)
+        if main:
+            announce_resume("rl", checkpoint, start)
         history = extra["history"]
         if extra.get("refining") and not refining:  # its refined world model lives in the checkpoint: without it the run would go on in the old one
             raise ValueError(f"{out} refined its world model on the policy's real rollouts (rl.refine_every); resume it with the same rl.refine_* settings")
@@ -111,9 +128,10 @@ def train(
             refiner.restore(start)
         if monitor is not None:
             monitor.restore(extra, history)
-    writer = SummaryWriter(str(out / "tb"), purge_step=start)
+    writer = distributed.summary_writer(str(out / "tb"), purge_step=start)
     training_tasks = monitor.start(policy, start, tasks, writer) if monitor is not None else tasks
     ended = (monitor is not None and monitor.stopped) or not training_tasks  # a run that stopped stays stopped when rerun
+    training_tasks, ended = distributed.broadcast_object((training_tasks, ended))
 
     progress = tqdm(range(start, start if ended else rl.iterations), initial=start, total=rl.iterations, desc="rl", disable=not (console and progress_bar))
     for iteration in progress:
@@ -122,7 +140,7 @@ def train(
 
         # 1. Collect G rollouts per initial state at the training temperature.
         policy.eval()
-        first = env.reset(*group_starts(training_tasks, rl.num_groups, group_size, iteration, seed))
+        first = env.reset(*(starts[mine] for starts in group_starts(training_tasks, rl.num_groups, group_size, iteration, seed)))
         rollout = collect(policy, env, first, temperature=rl.train_temperature)
         num_chunks = rollout.rewards.shape[1]
         if ppo and rollout.values is None:
@@ -153,56 +171,63 @@ def train(
         update_steps, stopped = 0, False
         # As many trajectories per minibatch as with every group kept: dropped groups mean fewer steps, not
         # as many steps on fewer samples (each a full-size AdamW step on noisier data).
-        minibatches = minibatches_per_epoch(rl.num_minibatches, keep.float().mean().item())
+        minibatches = minibatches_per_epoch(rl.num_minibatches, distributed.all_mean(keep.float().mean().item()))
         policy.train()
-        for _ in range(rl.update_epochs if len(samples) else 0):
-            for batch in samples[torch.randperm(len(samples)).to(device)].chunk(minibatches):
-                env_index, chunk_index = batch // num_chunks, batch % num_chunks
-                weight = weights[env_index, chunk_index]
-                weight = weight / weight.sum()
-                images = rollout.images[env_index, chunk_index]
-                instructions = [rollout.instructions[i] for i in env_index.tolist()]
-                tokens = rollout.tokens[env_index, chunk_index]
-                with autocast(device):
-                    new = policy.evaluate(images, instructions, tokens, temperature=rl.train_temperature)
-                policy_loss, stats = clipped_policy_loss(
-                    new.log_probs.float(), rollout.log_probs[env_index, chunk_index], advantages[env_index, chunk_index], weight, rl.clip_low, rl.clip_high
-                )
-                entropy = entropy_bonus(new.entropy.float(), weight)
-                loss = policy_loss - rl.entropy_coef * entropy
-                if ppo:
-                    value_loss = clipped_value_loss(
-                        new.values.float(), rollout.values[env_index, chunk_index], returns[env_index, chunk_index], weight, rl.value_clip
+        for _ in range(rl.update_epochs if distributed.all_sum(len(samples)) else 0):
+            for batch in minibatches_of(samples[torch.randperm(len(samples)).to(device)], minibatches):
+                if len(batch):
+                    env_index, chunk_index = batch // num_chunks, batch % num_chunks
+                    weight = weights[env_index, chunk_index]
+                    weight = weight / weight.sum()
+                    images = rollout.images[env_index, chunk_index]
+                    instructions = [rollout.instructions[i] for i in env_index.tolist()]
+                    tokens = rollout.tokens[env_index, chunk_index]
+                    with autocast(device):
+                        new = policy.evaluate(images, instructions, tokens, temperature=rl.train_temperature)
+                    policy_loss, stats = clipped_policy_loss(
+                        new.log_probs.float(), rollout.log_probs[env_index, chunk_index], advantages[env_index, chunk_index], weight, rl.clip_low, rl.clip_high
                     )
-                    loss = loss + rl.value_coef * value_loss
-                    _append(losses, "critic/value_loss", value_loss)
-                if reference is not None:
-                    with torch.no_grad(), autocast(device):
-                        reference_log_probs = reference.evaluate(images, instructions, tokens, temperature=rl.train_temperature).log_probs
-                    kl = kl_penalty(new.log_probs.float(), reference_log_probs.float(), weight)
-                    loss = loss + rl.kl_coef * kl
-                    _append(losses, "actor/kl_loss", kl)
+                    entropy = entropy_bonus(new.entropy.float(), weight)
+                    loss = policy_loss - rl.entropy_coef * entropy
+                    if ppo:
+                        value_loss = clipped_value_loss(
+                            new.values.float(), rollout.values[env_index, chunk_index], returns[env_index, chunk_index], weight, rl.value_clip
+                        )
+                        loss = loss + rl.value_coef * value_loss
+                        _append(losses, "critic/value_loss", value_loss)
+                    if reference is not None:
+                        with torch.no_grad(), autocast(device):
+                            reference_log_probs = reference.evaluate(images, instructions, tokens, temperature=rl.train_temperature).log_probs
+                        kl = kl_penalty(new.log_probs.float(), reference_log_probs.float(), weight)
+                        loss = loss + rl.kl_coef * kl
+                        _append(losses, "actor/kl_loss", kl)
 
-                if "actor/approx_kl_before_update" not in metrics:
-                    # The same weights that sampled the rollout: ~0 unless rollout and update compute log-probs differently.
-                    metrics["actor/approx_kl_before_update"] = float(stats["approx_kl"])
-                for name, value in (("actor/policy_loss", policy_loss), ("actor/approx_kl", stats["approx_kl"]),
-                                    ("actor/clip_fraction", stats["clip_fraction"]), ("actor/entropy", entropy)):  # fmt: skip
-                    _append(losses, name, value)
+                    if "actor/approx_kl_before_update" not in metrics:
+                        # The same weights that sampled the rollout: ~0 unless rollout and update compute log-probs differently.
+                        metrics["actor/approx_kl_before_update"] = float(stats["approx_kl"])
+                    for name, value in (("actor/policy_loss", policy_loss), ("actor/approx_kl", stats["approx_kl"]),
+                                        ("actor/clip_fraction", stats["clip_fraction"]), ("actor/entropy", entropy)):  # fmt: skip
+                        _append(losses, name, value)
+                else:  # several ranks: this one has no sample left for this step, which every rank takes
+                    loss = None
                 # target_kl: this minibatch's approx_kl is measured before its own step, so stopping here, without
                 # its step, leaves the policy where that measure was taken (CleanRL steps the whole epoch, then checks);
                 # its measurements above stay in the iteration's means, which then show how far the update went.
                 # The first minibatch always steps: before any step, approx_kl is only the rollout-vs-update numerics.
-                if rl.target_kl is not None and update_steps and float(stats["approx_kl"]) > rl.target_kl:
+                approx_kl = float(stats["approx_kl"]) if loss is not None else 0.0
+                if rl.target_kl is not None and update_steps and distributed.all_mean(approx_kl) > rl.target_kl:
                     stopped = True
                     break
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                if loss is not None:
+                    loss.backward()
+                distributed.average_gradients(parameters)
                 grad_norm = torch.nn.utils.clip_grad_norm_(parameters, rl.max_grad_norm)
                 optimizer.step()
                 scheduler.step()  # per optimizer step taken: a stopped update's skipped steps do not advance the warm-up
                 update_steps += 1
-                _append(losses, "actor/grad_norm", grad_norm)
+                if loss is not None:
+                    _append(losses, "actor/grad_norm", grad_norm)
             if stopped:
                 break
         metrics["actor/update_steps"] = float(update_steps)
@@ -217,6 +242,7 @@ def train(
         metrics |= {"rollout/valid_chunks": float(len(samples)), "rollout/training_tasks": float(len(training_tasks))}
         metrics |= {name: sum(values) / len(values) for name, values in losses.items()}
         metrics["time/iteration"] = time.perf_counter() - began
+        metrics = distributed.reduce_metrics(metrics)
         for name, value in metrics.items():
             writer.add_scalar(name, value, iteration + 1)
         history.append({"iteration": iteration + 1} | metrics)
@@ -224,9 +250,9 @@ def train(
             tqdm.write(f"it {iteration + 1}: " + " ".join(f"{name} {metrics[name]:.4g}" for name in SHOWN if name in metrics))
         done_iterations = iteration + 1
         ended = done_iterations == rl.iterations
-        if monitor is not None:
-            left, ended = monitor.after_iteration(policy, done_iterations, metrics)
-            training_tasks = training_tasks if left is None else left
+        decision = monitor.after_iteration(policy, done_iterations, metrics) if monitor is not None else (None, ended)
+        left, ended = distributed.broadcast_object(decision)
+        training_tasks = training_tasks if left is None else left
         if ended or done_iterations % rl.checkpoint_every == 0:
             watched = monitor.state() if monitor is not None else {}
             save_checkpoint(out, done_iterations, modules, stateful, {"history": history, "refining": refining} | watched,
@@ -236,6 +262,8 @@ def train(
     writer.close()
 
     policy.eval()
+    if not main:  # rank 0 finishes the run and writes its results
+        return distributed.broadcast_object(None)
     watched = monitor.finish(policy) if monitor is not None else {}
     policy.save_pretrained(out / "policy")
     if refining:
@@ -250,7 +278,7 @@ def train(
                if rl.diagnostics.shuffled_scores else "")  # fmt: skip
     atomic_write_text(out / "results.md", control + results_table(results["evaluations"], history) + stop_line)
     plot_curves(results, out / "curves.png")
-    return results
+    return distributed.broadcast_object(results)
 
 
 def rollout_metrics(rollout: Rollout, scores: torch.Tensor, advantages: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor,
@@ -282,6 +310,13 @@ def rollout_metrics(rollout: Rollout, scores: torch.Tensor, advantages: torch.Te
     if ppo:
         metrics["critic/explained_variance"] = explained_variance(rollout.values, returns, weights)
     return metrics
+
+
+def minibatches_of(samples: torch.Tensor, count: int) -> list[torch.Tensor]:
+    """``samples`` in ``count`` minibatches (``Tensor.chunk``'s, which may be fewer); with several ranks, padded with
+    empty ones to exactly ``count``, since every rank takes the same optimizer steps."""
+    pieces = list(samples.chunk(count)) if len(samples) else []
+    return pieces + [samples[:0]] * (count - len(pieces)) if distributed.active() else pieces
 
 
 def minibatches_per_epoch(num_minibatches: int, kept_fraction: float) -> int:

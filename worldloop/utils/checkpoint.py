@@ -4,6 +4,9 @@ A checkpoint is a folder ``RUN/checkpoints/step_000100/`` holding, per module, a
 of its weights, and one ``state.pt`` (optimizer, scheduler and RNG states, the step and any small
 extras). The folder is built under a temporary name and renamed in one step, then ``latest`` is
 rewritten atomically to point at it: a crash at any moment leaves the previous checkpoint usable.
+
+Under torchrun (:mod:`worldloop.utils.distributed`) every rank calls :func:`save_checkpoint`; rank 0 alone writes,
+with every rank's RNG states, and each rank restores its own on resume.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from worldloop.utils import distributed
 from worldloop.utils.io import atomic_dir, atomic_write_text
 
 CHECKPOINTS = "checkpoints"
@@ -46,9 +50,14 @@ def save_checkpoint(
     keep: int = 2,
 ) -> Path:
     """Save weights of ``modules``, ``state_dict()`` of ``stateful`` (optimizers, schedulers,
-    generators) and ``extra`` at ``step``; keep the newest ``keep`` checkpoints."""
+    generators) and ``extra`` at ``step``; keep the newest ``keep`` checkpoints. With several ranks, every rank
+    calls it and rank 0 writes (the weights and states are rank 0's: the ranks keep them equal)."""
     root = Path(run_dir) / CHECKPOINTS
     final = root / f"step_{step:09d}"
+    rng_per_rank = distributed.gather_objects(rng_state())
+    if not distributed.is_main():
+        distributed.barrier()  # rank 0 is writing
+        return final
     with atomic_dir(final) as tmp:
         for name, module in modules.items():
             tensors = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
@@ -57,7 +66,8 @@ def save_checkpoint(
             {
                 "step": step,
                 "stateful": {k: v.state_dict() if hasattr(v, "state_dict") else v.get_state() for k, v in (stateful or {}).items()},
-                "rng": rng_state(),
+                "rng": rng_per_rank[0],
+                **({"rng_per_rank": rng_per_rank} if len(rng_per_rank) > 1 else {}),
                 "extra": extra or {},
             },
             tmp / "state.pt",
@@ -65,6 +75,7 @@ def save_checkpoint(
     atomic_write_text(root / "latest", final.name + "\n")
     for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+    distributed.barrier()
     return final
 
 
@@ -106,8 +117,9 @@ def load_checkpoint(
             obj.load_state_dict(state["stateful"][name])
         else:
             obj.set_state(state["stateful"][name])
-    if restore_rng:
-        set_rng_state(state["rng"])
+    if restore_rng:  # this rank's own states when the checkpoint holds as many ranks' as run now, else rank 0's
+        per_rank = state.get("rng_per_rank", [])
+        set_rng_state(per_rank[distributed.rank()] if len(per_rank) == distributed.world_size() else state["rng"])
     return int(state["step"]), state["extra"]
 
 

@@ -6,10 +6,13 @@ import torch
 
 
 def resolve_device(name: str = "auto") -> torch.device:
-    """'auto' -> cuda when available, else cpu; anything else is passed to torch.device."""
+    """'auto' -> cuda when available, else cpu; anything else is passed to torch.device. Under torchrun a CUDA device
+    is the GPU of the process's LOCAL_RANK (:mod:`worldloop.utils.distributed`)."""
+    from worldloop.utils.distributed import device_of_rank
+
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+        return device_of_rank(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    device = device_of_rank(torch.device(name))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"device '{name}' was asked for but torch sees no CUDA device")
     if device.type == "cuda":

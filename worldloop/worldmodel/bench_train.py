@@ -14,6 +14,11 @@ share of the clips gets its memory latent from no-grad samples of the clips 1..`
 chunks earlier, in ``self_forcing_steps`` Euler steps each (``sampling_steps`` when 0). Reported: steps/s, clips/s and the
 DiT's matmul TFLOP/s (3 forwards per trained clip, plus the self-forced samples' forwards).
 
+Under ``torchrun --nproc-per-node N``, each setting is measured twice: rank 0 alone at the preset's batch (the
+one-process baseline), then all N ranks data-parallel with the preset's batch on each (a global batch N times as
+large). Reported beside it: clips/s per process and the scaling efficiency, (clips/s of N processes) / (N x clips/s
+of one); 1.0 is linear.
+
 ``bench vae-train`` runs ``train_vae`` the same way (``--steps`` and 1/6 of that, the difference timed) on
 random frames of ``sim.image_size``; reported: steps/s, clips/s, the step's FLOPs per second (counted by torch's
 FlopCounterMode), MFU and the GPU's busy share. (Channels-last 3D convolutions were measured too, on 2026-12-02 and
@@ -32,6 +37,7 @@ from typing import Any, Callable
 import torch
 
 from worldloop.config import Config
+from worldloop.utils import distributed
 from worldloop.utils.timing import seconds_per_call
 
 CLIPS = 256  # random clips to draw batches from; their content does not change the speed
@@ -147,16 +153,53 @@ def bench_wm_train(args: argparse.Namespace, config: Config) -> int:
     vae = vae_lib.build_vae(config.vae)
     side = config.sim.image_size // vae_lib.spatial_factor(vae)
     clips = random_clips(int(vae.config.z_dim), side)
+    if distributed.active():
+        return bench_wm_train_scaling(args, config, clips, vae, device)
     time_training(config, clips, vae, 2, 1.0, device)  # warm-up, both paths: CUDA context, kernels, cuDNN's choices
     rows = []
     for self_forcing in (0.0, config.world_model.self_forcing or 0.5):
         rows.append(measure(config, clips, vae, args.steps, self_forcing, device))
         print(format_table(rows[-1:]).splitlines()[-1], flush=True)
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    steps = sampler_steps(config.world_model)
-    title = f"worldloop bench wm-train on {where} ({config.sim.image_size}px frames, {steps} sampler steps per self-forced clip)"
-    write_report(args.out, title + "\n" + format_table(rows), rows)
+    write_report(args.out, wm_title(config, device) + "\n" + format_table(rows), rows)
     return 0
+
+
+def wm_title(config: Config, device: torch.device, processes: str = "") -> str:
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return (f"worldloop bench wm-train on {where}{processes} ({config.sim.image_size}px frames, "
+            f"{sampler_steps(config.world_model)} sampler steps per self-forced clip)")  # fmt: skip
+
+
+def bench_wm_train_scaling(args: argparse.Namespace, config: Config, clips: dict[str, torch.Tensor], vae, device: torch.device) -> int:
+    """Under torchrun: each setting by rank 0 alone, then by every rank with the preset's batch each; the scaling efficiency."""
+    ranks = distributed.world_size()
+    scaled = dataclasses.replace(config, world_model=dataclasses.replace(config.world_model, batch_size=config.world_model.batch_size * ranks))
+    with distributed.alone() as working:
+        if working:
+            time_training(config, clips, vae, 2, 1.0, device)  # warm-up
+    time_training(scaled, clips, vae, 2, 1.0, device)
+    rows = []
+    for self_forcing in (0.0, config.world_model.self_forcing or 0.5):
+        with distributed.alone() as working:
+            one = measure(config, clips, vae, args.steps, self_forcing, device) if working else None
+        many = measure(scaled, clips, vae, args.steps, self_forcing, device)
+        if distributed.is_main():
+            rows += [one | {"processes": 1, "clips_per_s_per_process": one["clips_per_s"], "scaling_efficiency": 1.0},
+                     many | {"processes": ranks, "clips_per_s_per_process": many["clips_per_s"] / ranks,
+                             "scaling_efficiency": many["clips_per_s"] / (ranks * one["clips_per_s"])}]  # fmt: skip
+            print("\n".join(format_scaling_table(rows[-2:]).splitlines()[-2:]), flush=True)
+    if distributed.is_main():
+        write_report(args.out, wm_title(config, device, f" x {ranks} processes") + "\n" + format_scaling_table(rows), rows)
+    return 0
+
+
+def format_scaling_table(rows: list[dict]) -> str:
+    header = f"{'processes':>9} {'global batch':>12} {'self-forcing':>12} {'step ms':>8} {'clips/s':>8} {'clips/s per process':>19} {'scaling efficiency':>18}"
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        lines.append(f"{r['processes']:>9} {r['batch']:>12} {r['self_forcing']:>12.2f} {r['step_ms']:8.1f} {r['clips_per_s']:8.1f} "
+                     f"{r['clips_per_s_per_process']:19.1f} {percent(r['scaling_efficiency']):>18}")  # fmt: skip
+    return "\n".join(lines)
 
 
 # ============================================================================================ VAE

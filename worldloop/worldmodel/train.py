@@ -8,6 +8,9 @@ the run), then rectified flow: ``x_sigma = (1 - sigma) x0 + sigma eps``, the DiT
 velocity ``eps - x0`` of the 2 future latents given the clean (or lightly noised, context-noise
 augmentation) context latents and the 13 actions (or, for a fraction ``action_dropout`` of the clips,
 the learned "no action" condition that action guidance samples against). EMA weights are what gets saved.
+
+Under torchrun both are data-parallel (:mod:`worldloop.utils.distributed`): every rank draws the same global batch
+and trains on its rows, the gradients are averaged, rank 0 writes checkpoints, TensorBoard and the model.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from worldloop.utils import distributed
 from worldloop.utils.checkpoint import announce_resume, latest_checkpoint, load_checkpoint, save_checkpoint
 from worldloop.utils.io import atomic_path, atomic_write_json, read_json
 from worldloop.worldmodel import vae as vae_lib
@@ -67,7 +71,12 @@ class TrainingBudget:
         self.started = time.time()
 
     def seconds(self) -> float:
-        return self.seconds_done + time.time() - self.started
+        """Training seconds so far; under torchrun with a time limit, rank 0's clock on every rank (one small
+        all-reduce per call), so that the ranks stop at the same step and follow the same learning rate."""
+        seconds = self.seconds_done + time.time() - self.started
+        if self.time_limit_s and distributed.active():
+            seconds = float(distributed.all_sum(seconds if distributed.is_main() else 0.0))
+        return seconds
 
     def fraction(self, step: int) -> float:
         by_steps = step / max(1, self.steps)
@@ -110,14 +119,15 @@ class FrameStore:
         self.lengths = torch.tensor([len(f) for f in frames], device=device)
         self.starts = torch.cumsum(self.lengths, 0) - self.lengths
 
-    def sample(self, count: int, length: int, generator: torch.Generator) -> torch.Tensor:
-        """``count`` clips of ``length`` consecutive frames (count, length, H, W, 3), episodes drawn at random."""
+    def sample(self, count: int, length: int, generator: torch.Generator, rows: slice = slice(None)) -> torch.Tensor:
+        """``count`` clips of ``length`` consecutive frames (count, length, H, W, 3), episodes drawn at random; only
+        the clips of ``rows`` are gathered (a rank's share: the draws are the same whatever the share)."""
         device = self.frames.device
         episode = torch.randint(len(self.lengths), (count,), generator=generator, device=device)
         room = (self.lengths[episode] - length).clamp(min=0) + 1  # start positions that fit the clip
         offset = (torch.rand(count, generator=generator, device=device) * room).long()
         within = (offset[:, None] + torch.arange(length, device=device)).minimum(self.lengths[episode, None] - 1)
-        return self.frames[self.starts[episode, None] + within]
+        return self.frames[(self.starts[episode, None] + within)[rows]]
 
 
 def _random_clips(episodes: Sequence[EpisodeLike], count: int, length: int, generator: torch.Generator) -> torch.Tensor:
@@ -171,12 +181,11 @@ def latent_statistics(vae, episodes: Sequence[EpisodeLike], device: torch.device
 def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out: Sequence[EpisodeLike], out: str | Path, device: torch.device, seed: int = 0) -> dict[str, Any]:
     """Train an AutoencoderKLWan from scratch or from ``config.init`` (or load ``config.pretrained``), save it to ``out``
     in diffusers format with its latent statistics, and write ``out/metrics.json``."""
-    from torch.utils.tensorboard import SummaryWriter
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if not train_episodes:
         raise ValueError("train-vae: the dataset has no training episodes")
+    main, mine = distributed.is_main(), distributed.rows(config.batch_size, "vae.batch_size")
     if config.pretrained:
         vae = vae_lib.load_vae(config.pretrained).to(device)
         steps_done, losses, first, train_seconds, curve = 0, [], 0, 0.0, []
@@ -187,6 +196,8 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
         factor = vae_lib.spatial_factor(vae)
         if image_size % factor:
             raise ValueError(f"frames of {image_size}x{image_size} are not divisible by the VAE's {factor}x spatial compression")
+        distributed.broadcast_parameters(vae)
+        distributed.seed_per_rank(seed)  # the posterior's noise: each rank its own
         optimizer = make_optimizer(vae.parameters(), config.lr, 0.0, device)
         budget = TrainingBudget(config.steps, config.time_limit_s)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, budget.lr_factor)
@@ -197,18 +208,19 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
         checkpoint = latest_checkpoint(out)
         if checkpoint is not None:
             step, extra = load_checkpoint(checkpoint, {"vae": vae}, stateful)
-            announce_resume("train-vae", checkpoint, step)
+            if main:
+                announce_resume("train-vae", checkpoint, step)
             budget.seconds_done = extra.get("seconds", 0.0)
-        writer = SummaryWriter(str(out / "tb"))
+        writer = distributed.summary_writer(str(out / "tb"))
         losses = []
         vae.train()
         budget.started, done, first = time.time(), step, step
-        bar = _progress(range(step, config.steps), initial=step, total=config.steps, desc="train-vae")
+        bar = _progress(range(step, config.steps), initial=step, total=config.steps, desc="train-vae", disable=not main)
         curve, tenths = [], int(10 * budget.fraction(step))  # held-out PSNR at each tenth of the budget: how it grows with time
         for step in bar:
             if budget.out_of_time():  # checked first: a resumed run whose time is spent takes no step
                 break
-            frames = store.sample(config.batch_size, config.clip_frames, generator)
+            frames = store.sample(config.batch_size, config.clip_frames, generator, mine)
             pixels = vae_lib.frames_to_pixels(frames)
             with autocast(device):
                 posterior = vae.encode(pixels).latent_dist
@@ -220,32 +232,36 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
             loss = l1 + l2 + config.kl_weight * kl
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            distributed.average_gradients(vae.parameters())
             torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
             optimizer.step()
             scheduler.step()
             done = step + 1
             if (step + 1) % config.log_every == 0 or step + 1 == config.steps:  # reading the loss waits for the GPU: only here
-                losses.append(float(loss.detach()))
+                losses.append(distributed.all_mean(float(loss.detach())))
                 writer.add_scalar("vae/loss", losses[-1], step + 1)
-                writer.add_scalar("vae/l1", float(l1.detach()), step + 1)
-                writer.add_scalar("vae/kl", float(kl.detach()), step + 1)
+                writer.add_scalar("vae/l1", distributed.all_mean(float(l1.detach())), step + 1)
+                writer.add_scalar("vae/kl", distributed.all_mean(float(kl.detach())), step + 1)
                 bar.set_postfix(loss=f"{losses[-1]:.4f}")
-            if int(10 * budget.fraction(step + 1)) > tenths:
-                tenths = int(10 * budget.fraction(step + 1))
-                point = {"step": step + 1, "seconds": budget.seconds()} | reconstruction_metrics(vae, held_out or train_episodes, device, clips=16)
-                curve.append(point)
-                writer.add_scalar("vae/held_out_psnr", point["psnr"], step + 1)
-                vae.train()
+            if int(10 * budget.fraction(step + 1)) > tenths:  # the same on every rank (rank 0's clock)
+                tenths, seconds = int(10 * budget.fraction(step + 1)), budget.seconds()
+                if main:
+                    curve.append({"step": step + 1, "seconds": seconds} | reconstruction_metrics(vae, held_out or train_episodes, device, clips=16))
+                    writer.add_scalar("vae/held_out_psnr", curve[-1]["psnr"], step + 1)
+                    vae.train()
             if (step + 1) % config.checkpoint_every == 0 and step + 1 < config.steps:
                 save_checkpoint(out, step + 1, {"vae": vae}, stateful, extra={"seconds": budget.seconds()})
         steps_done, train_seconds = done, time.time() - budget.started
         if done > first and done % config.log_every and done != config.steps:  # the last step's loss, when it was not logged
-            losses.append(float(loss.detach()))
+            losses.append(distributed.all_mean(float(loss.detach())))
         save_checkpoint(out, steps_done, {"vae": vae}, stateful, extra={"seconds": budget.seconds()})
         writer.close()
         vae.eval()
-        mean, std = latent_statistics(vae, train_episodes, device)
-        vae.register_to_config(latents_mean=mean, latents_std=std)
+        if main:
+            mean, std = latent_statistics(vae, train_episodes, device)
+            vae.register_to_config(latents_mean=mean, latents_std=std)
+    if not main:  # rank 0 measures and saves the VAE; the others return what it measured
+        return distributed.broadcast_object(None)
     vae.eval()
     metrics = {
         "held_out": reconstruction_metrics(vae, held_out or train_episodes, device),
@@ -255,13 +271,14 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
         "final_loss": losses[-1] if losses else None,
         "train_seconds_this_run": train_seconds,
         "clips_per_s": (steps_done - first) * config.batch_size / train_seconds if train_seconds else None,
+        "processes": distributed.world_size(),
         "parameters_millions": sum(p.numel() for p in vae.parameters()) / 1e6,
         "spatial_compression": vae_lib.spatial_factor(vae),
         "latent_channels": int(vae.config.z_dim),
     }
     vae.save_pretrained(str(out), safe_serialization=True)
     atomic_write_json(out / "metrics.json", metrics)
-    return metrics
+    return distributed.broadcast_object(metrics)
 
 
 # ==================================================================================== world model
@@ -300,7 +317,18 @@ def encode_clips(
 
 
 def cached_clips(vae, episodes: Sequence[EpisodeLike], config: WorldModelConfig, device: torch.device, cache_dir: Path, key: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
-    """:func:`encode_clips`, stored once in ``cache_dir/latents.safetensors`` and reused while ``key`` matches."""
+    """:func:`encode_clips`, stored once in ``cache_dir/latents.safetensors`` and reused while ``key`` matches. Under
+    torchrun rank 0 encodes and writes them; the other ranks read its file."""
+    from safetensors.torch import load_file
+
+    if distributed.is_main():
+        clips = _cached_clips(vae, episodes, config, device, cache_dir, key, seed)
+    distributed.barrier()
+    return clips if distributed.is_main() else load_file(cache_dir / "latents.safetensors")
+
+
+def _cached_clips(vae, episodes: Sequence[EpisodeLike], config: WorldModelConfig, device: torch.device, cache_dir: Path, key: dict[str, Any],
+                  seed: int) -> dict[str, torch.Tensor]:  # fmt: skip
     from safetensors.torch import load_file, save_file
 
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -334,8 +362,6 @@ def train_world_model(
     ready-made latent clips. ``init`` starts from a trained world model's weights and action
     statistics (fine-tuning, e.g. PACE's WM Evo, or a DiT grown over several runs); ``steps_before``
     (its :func:`steps_trained`, None: unknown) lets results.json's ``steps_total`` count its steps too."""
-    from torch.utils.tensorboard import SummaryWriter
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     vae = vae.to(device).eval().requires_grad_(False)
@@ -368,6 +394,7 @@ def train_world_model(
         raise ValueError("world_model.self_forcing needs clips with 'previous' (the clip one chunk earlier); ready-made clips lack it")
     previous_all = clips["previous"].to(device) if "previous" in clips else None
 
+    main, mine = distributed.is_main(), distributed.rows(config.batch_size, "world_model.batch_size")
     torch.manual_seed(seed)
     model = WorldModel.build(config, vae, image_size, action_dim, action_mean.tolist(), action_std.tolist(), device)
     if init is not None:
@@ -397,10 +424,13 @@ def train_world_model(
             raise ValueError(f"checkpoint {checkpoint} cannot resume this run: it differs in {differ} "
                              f"(checkpoint {saved_shape}, this run {shape}); train into a new --out or match the settings")
         step, extra = load_checkpoint(checkpoint, modules, stateful)
-        announce_resume("train-wm", checkpoint, step)
+        if main:
+            announce_resume("train-wm", checkpoint, step)
         budget.seconds_done = extra.get("seconds", 0.0)
+    for module in modules.values():
+        distributed.broadcast_parameters(module)
 
-    writer = SummaryWriter(str(out / "tb"))
+    writer = distributed.summary_writer(str(out / "tb"))
     num_clips = len(latents_all)
     mean_t = torch.as_tensor(action_mean, dtype=torch.float32, device=device)
     std_t = torch.as_tensor(action_std, dtype=torch.float32, device=device)
@@ -408,62 +438,71 @@ def train_world_model(
     loss_value, done, self_forced = float("nan"), step, 0
     self_forcing_sigmas = sampler_sigmas(config.self_forcing_steps, config.shift) if config.self_forcing_steps else model.sigmas
     forced_per_step = round(config.self_forcing * config.batch_size)  # a fixed count: the compiled graphs see fixed shapes
+    forced_rows = self_forced_rows(forced_per_step, config.batch_size)  # where they sit in the global batch: each rank its share
     has_previous = torch.nonzero(previous_all >= 0).flatten() if previous_all is not None else None
     if forced_per_step and not len(has_previous):
         raise ValueError("world_model.self_forcing: no training clip has a predecessor one chunk earlier (episodes too short?)")
     forward = compiled(dit, config, device)
     budget.started, first = time.time(), step
-    bar = _progress(range(step, config.steps), initial=step, total=config.steps, desc="train-wm")
+    bar = _progress(range(step, config.steps), initial=step, total=config.steps, desc="train-wm", disable=not main)
     for step in bar:
         if budget.out_of_time():  # checked first: a resumed run whose time is spent takes no step
             break
         index = torch.randint(num_clips, (config.batch_size,), generator=generator, device=device)
         drop = action_drops(config, config.batch_size, generator, device)
         forcing = forced_per_step and budget.fraction(step) >= config.self_forcing_after
-        if forcing:  # the first rows become clips that have a predecessor, drawn uniformly among them
+        if forcing:  # the forced rows become clips that have a predecessor, drawn uniformly among them
             pick = torch.randint(len(has_previous), (forced_per_step,), generator=generator, device=device)
-            index = torch.cat([has_previous[pick], index[forced_per_step:]])
-        x0 = latents_all[index]  # (B, C, 4, h, w)
+            index = index.clone()
+            index[forced_rows] = has_previous[pick]
+        x0 = latents_all[index]  # (B, C, 4, h, w): the global batch; this rank computes on its rows ``mine``
         actions = normalised_all[index]  # (B, 13, A)
         if forcing:
-            # the memory the model will really see from a rollout's second chunk on: its own samples
-            x0[:forced_per_step, :, 1] = self_forced_memory(forward, latents_all, normalised_all, previous_all, index[:forced_per_step],
-                                                            config.self_forcing_chunks, self_forcing_sigmas, generator)  # fmt: skip
+            # the memory the model will really see from a rollout's second chunk on: its own samples (this rank's rows)
+            here = forced_rows[(forced_rows >= mine.start) & (forced_rows < mine.stop)]
+            if len(here):
+                x0[here, :, 1] = self_forced_memory(forward, latents_all, normalised_all, previous_all, index[here],
+                                                    config.self_forcing_chunks, self_forcing_sigmas, generator)  # fmt: skip
             self_forced += forced_per_step
-        loss = flow_matching_loss(forward, x0, actions, config, generator, drop)
+        loss = flow_matching_loss(forward, x0, actions, config, generator, drop, rows=mine)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        distributed.average_gradients(dit.parameters())
         grad_norm = torch.nn.utils.clip_grad_norm_(dit.parameters(), config.grad_clip)
         optimizer.step()
         scheduler.step()
         ema_step(ema, dit, min(config.ema_decay, (1 + step) / (10 + step)))
         done = step + 1
         if done % config.log_every == 0 or done == config.steps:  # reading the loss waits for the GPU: only here
-            loss_value = float(loss.detach())
+            loss_value = distributed.all_mean(float(loss.detach()))
             writer.add_scalar("wm/loss", loss_value, done)
             writer.add_scalar("wm/grad_norm", float(grad_norm), done)
             writer.add_scalar("wm/lr", scheduler.get_last_lr()[0], done)
             writer.add_scalar("wm/self_forced_clips", self_forced, done)
             bar.set_postfix(loss=f"{loss_value:.4f}")
-        if done % config.sample_every == 0 or done == config.steps:
+        if main and (done % config.sample_every == 0 or done == config.steps):
             _log_samples(writer, ema, vae, latents_all[:4], normalised_all[:4], model.sigmas, done)
         if done % config.checkpoint_every == 0 and done < config.steps:
             save_checkpoint(out, done, modules, stateful, extra={"shape": shape, "seconds": budget.seconds()})
     if done > first and done % config.log_every and done != config.steps:  # the last step's loss, when it was not logged
-        loss_value = float(loss.detach())
+        loss_value = distributed.all_mean(float(loss.detach()))
     loop_seconds = time.time() - budget.started
-    if done % config.sample_every and done < config.steps:  # stopped by the time limit: samples of the end state
+    if main and done % config.sample_every and done < config.steps:  # stopped by the time limit: samples of the end state
         _log_samples(writer, ema, vae, latents_all[:4], normalised_all[:4], model.sigmas, done)
     writer.close()
     save_checkpoint(out, done, modules, stateful, extra={"shape": shape, "seconds": budget.seconds()})
     model.dit = ema
+    if not main:  # rank 0 writes the model and results.json
+        distributed.barrier()
+        return model
     model.save_pretrained(out, dit=ema)
     total = {} if steps_before is None else {"steps_total": steps_before + done}  # "steps" are this run's
     atomic_write_json(out / "results.json", {"steps": done, **total, "final_loss": loss_value, "clips": num_clips, "self_forced_clips_this_run": self_forced,
                                              "train_seconds_this_run": time.time() - budget.started, "batch_size": config.batch_size,
-                                             "compiled": forward is not dit,
+                                             "compiled": forward is not dit, "processes": distributed.world_size(),
                                              "clips_per_s": (done - first) * config.batch_size / loop_seconds if loop_seconds > 0 else None,
                                              "parameters_millions": sum(p.numel() for p in ema.parameters()) / 1e6})  # fmt: skip
+    distributed.barrier()
     return model
 
 
@@ -519,15 +558,25 @@ def action_drops(config: WorldModelConfig, batch: int, generator: torch.Generato
     return torch.rand(batch, device=device, generator=generator) < config.action_dropout
 
 
+def self_forced_rows(count: int, batch: int) -> torch.Tensor:
+    """The rows of a global batch of ``batch`` that hold the ``count`` self-forced clips: the first rows of each rank's
+    share, as evenly as they split (in one process, the first ``count`` rows)."""
+    ranks, share = distributed.world_size(), batch // distributed.world_size()
+    per_rank = [count // ranks + (r < count % ranks) for r in range(ranks)]
+    return torch.tensor([r * share + i for r in range(ranks) for i in range(per_rank[r])], dtype=torch.long)
+
+
 def flow_matching_loss(
-    dit, x0: torch.Tensor, actions: torch.Tensor, config: WorldModelConfig, generator: torch.Generator, drop: torch.Tensor | None = None
+    dit, x0: torch.Tensor, actions: torch.Tensor, config: WorldModelConfig, generator: torch.Generator, drop: torch.Tensor | None = None,
+    rows: slice = slice(None),
 ) -> torch.Tensor:
     """The DiT's rectified-flow loss on clips ``x0`` (B, C, 4, h, w) [reference, memory, future, future]
     with normalised ``actions`` (B, 13, A): the future latents are noised to ``(1 - sigma) x0 + sigma eps``
     (sigma time-shifted), the memory latent lightly (context-noise augmentation, up to
     ``config.context_noise``; the reference stays clean when it is the first frame), and the DiT's
     velocity is regressed on ``eps - x0`` over the future slots. ``drop`` (B,) bool: clips that see the
-    "no action" condition instead of their actions."""
+    "no action" condition instead of their actions. ``rows``: the clips the DiT sees (a rank's share of the global
+    batch); the noise is drawn for all B, so each clip's noise is the same whatever the share."""
     batch = x0.shape[0]
     device = x0.device
     context, future = x0[:, :, :2], x0[:, :, 2:]
@@ -542,9 +591,10 @@ def flow_matching_loss(
     cs = context_sigma.view(batch, 1, 2, 1, 1)
     noisy_context = (1 - cs) * context + cs * context_noise
     sigmas = torch.cat([context_sigma, sigma[:, None].expand(-1, future.shape[2])], dim=1)  # (B, 4)
+    noisy = torch.cat([noisy_context, noisy_future], dim=2)[rows]
     with autocast(device):
-        velocity = dit(torch.cat([noisy_context, noisy_future], dim=2), sigmas, actions, drop=drop)
-    return F.mse_loss(velocity[:, :, 2:].float(), noise - future)
+        velocity = dit(noisy, sigmas[rows], actions[rows], drop=None if drop is None else drop[rows])
+    return F.mse_loss(velocity[:, :, 2:].float(), (noise - future)[rows])
 
 
 def self_forced_memory(
