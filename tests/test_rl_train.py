@@ -332,8 +332,8 @@ def test_rl_command_refuses_incomplete_input(tmp_path, capsys):
     assert "rl.judge_threshold=replay replays real episodes" in capsys.readouterr().err
     assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.refine_every=5"]) == 2
     assert "--env real has none to refine" in capsys.readouterr().err
-    assert main(args + ["rl.refine_every=5", "rl.refine_lr=0"]) == 2
-    assert "refine_lr > 0" in capsys.readouterr().err
+    assert main(args + ["rl.refine_every=5", "rl.refine_steps=0"]) == 2
+    assert "refine_steps >= 1" in capsys.readouterr().err
     assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.judge_threshold=replay", "rl.train_tasks=tracked"]) == 2
     assert "--env real trains in the simulator itself" in capsys.readouterr().err
     assert main(args + ["rl.train_tasks=tracked"]) == 2

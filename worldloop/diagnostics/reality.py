@@ -188,7 +188,7 @@ def imagined_env(config: Config, world_model, judge, dataset, keyframes: str | N
     if keyframes:
         pools.append(initial_states_from_keyframes(keyframes))
     ratio = config.rl.kir_ratio if kir_ratio is None else kir_ratio
-    return ImaginedEnv(world_model, judge, InitialStates.concat(*pools), num_envs, group_size, max_steps, config.sim.reward_scale, ratio, device,
+    return ImaginedEnv(world_model, judge, InitialStates.concat(*pools), num_envs, group_size, max_steps, kir_ratio=ratio, device=device,
                        success_chunks=config.rl.success_chunks)  # fmt: skip
 
 

@@ -58,6 +58,12 @@ SHOWN = ("env/success_once", "env/return", "env/episode_len", "rollout/kept_grou
          "actor/approx_kl", "actor/clip_fraction", "actor/entropy", "actor/grad_norm", "actor/update_steps", "critic/value_loss",
          "world_model/refine_real_success", "world_model/refine_loss_new_before", "world_model/refine_loss_new_after", "time/iteration")  # fmt: skip
 """The metrics of the console's line per iteration."""
+VALUE_CLIP = 0.2
+"""PPO: clip range of the value update around the rollout's value estimate."""
+VALUE_COEF = 0.5
+"""PPO: weight of the value loss."""
+KEEP_CHECKPOINTS = 2
+"""Newest checkpoints kept on disk."""
 
 
 def train(
@@ -92,7 +98,7 @@ def train(
     device = policy_device(policy)
 
     parameters = [p for p in policy.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=rl.lr, weight_decay=rl.weight_decay)
+    optimizer = torch.optim.AdamW(parameters, lr=rl.lr, weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / rl.lr_warmup_steps) if rl.lr_warmup_steps else 1.0)
     reference = copy.deepcopy(policy).eval().requires_grad_(False) if rl.kl_coef > 0 else None
     refining = refiner is not None and rl.refine_every > 0
@@ -172,9 +178,9 @@ def train(
                 loss = policy_loss - rl.entropy_coef * entropy
                 if ppo:
                     value_loss = clipped_value_loss(
-                        new.values.float(), rollout.values[env_index, chunk_index], returns[env_index, chunk_index], weight, rl.value_clip
+                        new.values.float(), rollout.values[env_index, chunk_index], returns[env_index, chunk_index], weight, VALUE_CLIP
                     )
-                    loss = loss + rl.value_coef * value_loss
+                    loss = loss + VALUE_COEF * value_loss
                     _append(losses, "critic/value_loss", value_loss)
                 if reference is not None:
                     with torch.no_grad(), autocast(device):
@@ -230,7 +236,7 @@ def train(
         if ended or done_iterations % rl.checkpoint_every == 0:
             watched = monitor.state() if monitor is not None else {}
             save_checkpoint(out, done_iterations, modules, stateful, {"history": history, "refining": refining} | watched,
-                            keep=rl.keep_checkpoints)  # fmt: skip
+                            keep=KEEP_CHECKPOINTS)  # fmt: skip
         if ended:
             break
     writer.close()
