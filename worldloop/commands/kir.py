@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from worldloop.config import Config, ConfigError
+from worldloop.config import Config
 from worldloop.utils.runfolder import RunSpec
 
 HELP = """Extract keyframes for keyframe-initialised rollouts (KIR) into --out KF.
@@ -51,6 +51,7 @@ def failed_rollout_items(policy_path: str, dataset, config: Config) -> list:
     from worldloop.rl.kir import FAILURE_STRIDE, LEAD_FRAMES, MAX_PER_EPISODE, policy_failure_keyframes
     from worldloop.rl.rollout import check_compatible
     from worldloop.sims import make_env
+    from worldloop.sims.tasks import sim_tasks
     from worldloop.utils.device import resolve_device
 
     tasks = list(config.sim.tasks) or sim_tasks(dataset.tasks)
@@ -68,14 +69,3 @@ def failed_rollout_items(policy_path: str, dataset, config: Config) -> list:
         )
     finally:
         env.close()
-
-
-def sim_tasks(instructions: list[str]) -> list[str]:
-    """Simulator task names of a dataset's instructions (Meta-World's instruction table)."""
-    from worldloop.sims.tasks import INSTRUCTIONS
-
-    by_instruction = {text: task for task, text in INSTRUCTIONS.items()}
-    unknown = [text for text in instructions if text not in by_instruction]
-    if unknown:
-        raise ConfigError(f"instructions {unknown[:3]} are not Meta-World tasks: --policy rollouts need the simulator's tasks")
-    return [by_instruction[text] for text in instructions]

@@ -255,9 +255,11 @@ class WorldModelRefiner:
             target.copy_(source)
 
 
-def world_model_refiner(config: Any, world_model: Any, dataset: Any, tasks: list[str], out: str | Path) -> WorldModelRefiner:
+def world_model_refiner(config: Any, world_model: Any, dataset: Any, tasks: list[str], out: str | Path, calibration: Any = None) -> WorldModelRefiner:
     """rl.refine_every: the world model learns from the policy's real rollouts on ``tasks`` during RL, and keeps
-    the dataset's training episodes of those tasks (the world model's split) in view. ``config``: the run's Config."""
+    the dataset's training episodes of those tasks (the world model's split) in view. ``config``: the run's Config.
+    ``calibration`` (rl.judge_threshold=replay: the RealityCheck that chose the judge's threshold) chooses it again
+    in each refined world model, from its labelled episodes."""
     train_indices, _ = split_episodes(dataset, held_out_fraction=config.world_model.held_out_fraction, seed=config.seed)
     wanted = {instruction(task): MAX_DATASET_EPISODES_PER_TASK for task in tasks}
     task_of, chosen = dataset.task_indices, []
@@ -267,5 +269,11 @@ def world_model_refiner(config: Any, world_model: Any, dataset: Any, tasks: list
             wanted[text] -= 1
             chosen.append(index)
     real_env = make_env(config, len(tasks) * config.rl.refine_episodes_per_task, tasks=tasks)
-    return WorldModelRefiner(world_model, real_env, tasks, dataset.episodes(chosen), config.rl, config.world_model, out,
-                             seed=config.seed, seed_offset=config.eval.seed_offset, calibrate=config.reward.calibrate)  # fmt: skip
+    refiner = WorldModelRefiner(world_model, real_env, tasks, dataset.episodes(chosen), config.rl, config.world_model, out,
+                                seed=config.seed, seed_offset=config.eval.seed_offset, calibrate=config.reward.calibrate)  # fmt: skip
+    if calibration is not None and calibration.labelled is not None:
+        refiner.judge_check = calibration
+    elif calibration is not None:
+        print("rl: the judge's calibration episodes were not saved (a run begun before they were): its threshold stays as "
+              "calibrated through the refinement rounds")  # fmt: skip
+    return refiner
