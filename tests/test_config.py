@@ -51,7 +51,7 @@ def test_int_is_accepted_where_a_float_is_expected():
         ("sim.image_size=big", ["sim.image_size", "integer"]),
         ("sim.image_size=100", ["image_size", "64, 128, 256"]),
         ("sim.backend=gazebo", ["sim.backend", "metaworld"]),
-        ("sim.shadows=1", ["sim.shadows", "true or false"]),
+        ("loop.pace=1", ["loop.pace", "true or false"]),
         ("sim=3", ["sim", "mapping"]),
         ("novalue", ["section.key=value"]),
     ],
@@ -78,7 +78,7 @@ def test_saved_config_round_trips(tmp_path):
     assert load_saved_config(tmp_path) == config
 
 
-LEAF_KNOBS = 190
+LEAF_KNOBS = 160
 """The most leaf fields the schema may hold."""
 
 
@@ -122,8 +122,67 @@ def test_every_field_is_read_somewhere():
 
 
 def test_the_knob_count_stays_small():
-    """Leaf knobs: 197 on 2026-12-04 before the configuration was pruned."""
+    """Leaf knobs: 197 on 2026-12-04 before the configuration was pruned, 190 after the first pass, 160 after the second."""
     assert len(leaf_fields(Config)) <= LEAF_KNOBS
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("rl.judge_threshold_per_task=true", ["'rl.judge_threshold_per_task' is now 'rl.diagnostics.threshold_per_task'"]),
+        ("loop.evo_wm_steps=300", ["'loop.evo_wm_steps' is now 'rl.refine_steps'"]),
+        ("sft.augment_blur=0.5", ["'sft.augment_blur' was retired", "sft.augment_codec"]),
+        ("rl.keep_checkpoints=3", ["'rl.keep_checkpoints' was retired (now always 2)"]),
+    ],
+)
+def test_old_keys_name_their_replacement(override, words, tmp_path):
+    with pytest.raises(ConfigError) as error:
+        load_config("tiny-cpu", [override])
+    assert all(word in str(error.value) for word in words) and "\n" not in str(error.value)
+    key, _, value = override.partition("=")
+    section, _, name = key.rpartition(".")
+    preset = tmp_path / "old.yaml"
+    preset.write_text(f"base: tiny-cpu\n{section.replace('.', ': {')}: {{{name}: {value}}}{'}' * section.count('.')}\n")
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(preset)
+
+
+def test_a_saved_config_with_retired_keys_loads_when_they_hold_the_value_now_fixed(tmp_path):
+    config = load_config("tiny-cpu")
+    save_config(config, tmp_path)
+    text = (tmp_path / "config.yaml").read_text()
+    old = text.replace("rl:\n", "rl:\n  keep_checkpoints: 2\n  refine_lr: 0.0001\n", 1)
+    (tmp_path / "config.yaml").write_text(old)
+    assert load_saved_config(tmp_path) == config
+    (tmp_path / "config.yaml").write_text(old.replace("keep_checkpoints: 2", "keep_checkpoints: 5"))
+    with pytest.raises(ConfigError, match="rl.keep_checkpoints"):
+        load_saved_config(tmp_path)
+
+
+def test_a_run_saved_before_the_keys_moved_still_loads():
+    """The 2026-12-04 fidelity-recipe run's config.yaml holds keys since renamed (reward.classifier.steps, loop.evo_wm_steps)
+    and retired at the values now fixed (rl.keep_checkpoints: 2, vae.perceptual_weight: 0.0)."""
+    folder = Path(__file__).resolve().parent.parent / "docs" / "experiments" / "2026-12-04-fidelity-recipe" / "run"
+    config = load_saved_config(folder)
+    assert config.reward.training.steps == 2000 and config.reward.training.threshold_from == "episode_kappa"
+    assert config.rl.refine_episodes_per_task == 8 and config.loop.gate_min_kappa == 0.6
+
+
+def test_what_is_saved_with_a_model_is_named_and_is_in_its_folder():
+    from _worldmodel_fixtures import tiny_vae
+    from worldloop.config import SAVED_WITH_MODEL, explain, saved_with_model
+    from worldloop.worldmodel.configuration import WorldModelConfig
+    from worldloop.worldmodel.rollout import WorldModel
+
+    leaves = set(leaf_fields(Config))
+    for section, names in SAVED_WITH_MODEL.items():
+        assert all(f"{section}.{name}" in leaves for name in names or ())
+    spec = WorldModel.build(WorldModelConfig(), tiny_vae(), 32, 2, device="cpu").spec
+    assert [name for name in SAVED_WITH_MODEL["world_model"] if name not in spec] == []
+    assert saved_with_model("world_model.chunk_size") and not saved_with_model("world_model.lr") and saved_with_model("policy.width")
+    lines = explain(load_config())
+    assert any(line.startswith("world_model.chunk_size =") and "[saved with the model]" in line for line in lines)
+    assert not any(line.startswith("world_model.steps =") and "[saved with the model]" in line for line in lines)
 
 
 def test_cli_config_typo_exits_with_a_clear_message(capsys):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from worldloop.commands.gate import gate_table, gate_verdicts
+from worldloop.diagnostics.gate import gate_table, gate_verdicts
 from worldloop.config import load_config
 from worldloop.loop import STAGES_DIR, Inputs, gate_arguments, plan, rl_minutes, run_loop
 

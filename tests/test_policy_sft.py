@@ -16,7 +16,6 @@ from worldloop.policies.sft import (
     build_samples,
     fit_policy,
     held_out_metrics,
-    random_blur,
     random_reconstructed,
     random_shift,
     select_episodes,
@@ -46,22 +45,9 @@ def test_random_shift_moves_pixels_within_bounds():
     assert torch.equal(random_shift(frames, 0, torch.Generator()), frames)
 
 
-def test_random_blur_blurs_a_share_of_frames_reproducibly():
-    frames = torch.randint(0, 256, (64, 16, 16, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
-    blurred = random_blur(frames, 0.5, torch.Generator().manual_seed(1))
-    assert blurred.shape == frames.shape and blurred.dtype == torch.uint8
-    changed = (blurred != frames).flatten(1).any(dim=1)
-    assert 16 < int(changed.sum()) < 48  # about half of the frames
-    assert blurred[changed].float().std() < frames[changed].float().std()  # blur smooths noise
-    assert torch.equal(blurred, random_blur(frames, 0.5, torch.Generator().manual_seed(1)))
-    assert torch.equal(random_blur(frames, 0.0, torch.Generator()), frames)
-    with pytest.raises(ValueError, match="augment_blur is a share of frames"):
-        tiny_config("sft.augment_blur=1.5")
-
-
 def test_instruction_decides_the_action_after_sft(tmp_path):
     """Frames look alike for both instructions: only the instruction can tell +0.8 from -0.8."""
-    config = tiny_config("sft.steps=150", "sft.checkpoint_every=1000", "sft.eval_every=75")
+    config = tiny_config("sft.steps=150", "sft.eval_every=75")
     results = fit_policy(config, synthetic_episodes(8), synthetic_episodes(2, seed=1), tmp_path / "m", [OPEN, CLOSE], IMAGE, 4)
     assert 0 < results["held_out_token_accuracy"] <= 1 and results["held_out_loss"] < 4.0  # chance: log(256) = 5.5
     policy = CompactVLA.from_pretrained(tmp_path / "m")
@@ -78,7 +64,7 @@ def test_instruction_decides_the_action_after_sft(tmp_path):
 
 
 def test_resume_is_exact(tmp_path):
-    config = tiny_config("sft.steps=6", "sft.checkpoint_every=100", "sft.batch_size=8", "sft.augment_blur=0.5")
+    config = tiny_config("sft.steps=6", "sft.batch_size=8")
     train, held = synthetic_episodes(4, length=6), synthetic_episodes(2, seed=1, length=6)
     args = ([OPEN, CLOSE], IMAGE, 4)
     fit_policy(config, train, held, tmp_path / "straight", *args)
@@ -139,8 +125,8 @@ def test_sft_through_a_world_models_vae(tmp_path):
     (tmp_path / "wm" / "config.json").write_text(json.dumps({"kind": "world_model", "image_size": IMAGE}))
     train, held = synthetic_episodes(4, length=6), synthetic_episodes(2, seed=1, length=6)
     args = ([OPEN, CLOSE], IMAGE, 4)
-    base = tiny_config("sft.steps=4", "sft.checkpoint_every=100", "sft.batch_size=8")
-    codec = tiny_config("sft.steps=4", "sft.checkpoint_every=100", "sft.batch_size=8", "sft.augment_codec=1.0")
+    base = tiny_config("sft.steps=4", "sft.batch_size=8")
+    codec = tiny_config("sft.steps=4", "sft.batch_size=8", "sft.augment_codec=1.0")
     measured = fit_policy(base, train, held, tmp_path / "base", *args, world_model=tmp_path / "wm")
     assert 0 <= measured["held_out_codec_token_agreement"] <= 1 and measured["world_model"] == str(tmp_path / "wm")
     fit_policy(codec, train, held, tmp_path / "codec", *args, world_model=tmp_path / "wm")

@@ -41,7 +41,7 @@ def test_kir_keyframes_from_successful_demonstrations(tmp_path):
             frames, actions, success, state = episode(success_from, flips, contact, i)
             writer.add_episode(frames, actions, success, "open the drawer", state=state)
     out = tmp_path / "keyframes"
-    assert main(["kir", "--dataset", str(root), "--out", str(out), "rl.kir_lead_frames=4"]) == 0
+    assert main(["kir", "--dataset", str(root), "--out", str(out)]) == 0
 
     keyframes = load_keyframes(out)
     entries = keyframes["entries"]
@@ -58,11 +58,11 @@ def test_kir_keyframes_from_successful_demonstrations(tmp_path):
     assert (out / "config.yaml").is_file()
 
     # --failures: the dataset's failed episode 1 (gripper flip at 15) gives policy-failure keyframes
-    # every 8 frames and before the flip, 4 at most: events 8, 11, 16, 24, 32 -> 8, 11, 24, 32
+    # every 16 frames (FAILURE_STRIDE) and before the flip (LEAD_FRAMES 4), 4 at most: events 11, 16, 32
     both = tmp_path / "with_failures"
-    assert main(["kir", "--dataset", str(root), "--failures", "--out", str(both), "rl.kir_lead_frames=4", "rl.kir_failure_stride=8", "rl.kir_max_per_episode=4"]) == 0
+    assert main(["kir", "--dataset", str(root), "--failures", "--out", str(both)]) == 0
     failures = [(e["episode"], e["frame"], e["source"]) for e in load_keyframes(both)["entries"] if e["reason"] == "policy_failure"]
-    assert failures == [(1, 8, "dataset"), (1, 11, "dataset"), (1, 24, "dataset"), (1, 32, "dataset")]
+    assert failures == [(1, 11, "dataset"), (1, 16, "dataset"), (1, 32, "dataset")]
     assert np.array_equal(load_keyframes(both)["keyframe"][-1], TrajectoryDataset(root).episode(1).frames[32])
 
     states = initial_states_from_keyframes(out)

@@ -33,9 +33,9 @@ def vae():
 def refiner_for(vae, folder, steps: int = 10, per_task: int = 4, ema_decay: float = 0.5) -> WorldModelRefiner:
     torch.manual_seed(1)
     world_model = WorldModel.build(CLIPS, vae, 32, 2, device="cpu")
-    rl = RLConfig(refine_every=1, refine_episodes_per_task=per_task, refine_steps=steps, refine_lr=1e-3, refine_ema_decay=ema_decay)
+    rl = RLConfig(refine_every=1, refine_episodes_per_task=per_task, refine_steps=steps)
     known = square_episodes(2, seed=1, length=24)  # the scenes it knew: another world of the same size
-    return WorldModelRefiner(world_model, ToyEnv(per_task, max_steps=32), [TASK], known, rl, CLIPS, folder, seed=0)
+    return WorldModelRefiner(world_model, ToyEnv(per_task, max_steps=32), [TASK], known, rl, CLIPS, folder, seed=0, lr=1e-3, ema_decay=ema_decay)
 
 
 def test_rollout_episodes_pair_each_frame_with_the_action_taken_from_it():
@@ -99,8 +99,9 @@ def test_refinement_keeps_training_the_no_action_condition_of_a_guided_world_mod
     torch.manual_seed(1)
     world_model = WorldModel.build(dataclasses.replace(CLIPS, action_dropout=0.5), vae, 32, 2, device="cpu")
     assert world_model.spec["action_dropout"] == 0.5
-    rl = RLConfig(refine_every=1, refine_episodes_per_task=4, refine_steps=6, refine_lr=1e-3, refine_ema_decay=0.0)
-    refiner = WorldModelRefiner(world_model, ToyEnv(4, max_steps=32), [TASK], square_episodes(2, seed=1, length=24), rl, CLIPS, tmp_path, seed=0)
+    rl = RLConfig(refine_every=1, refine_episodes_per_task=4, refine_steps=6)
+    refiner = WorldModelRefiner(world_model, ToyEnv(4, max_steps=32), [TASK], square_episodes(2, seed=1, length=24), rl, CLIPS, tmp_path, seed=0,
+                                lr=1e-3, ema_decay=0.0)  # fmt: skip
     assert refiner.clip_config.action_dropout == 0.5 and CLIPS.action_dropout == 0.0
     before = world_model.dit.null_action_tokens.detach().clone()
     torch.manual_seed(2)
@@ -115,8 +116,8 @@ def test_without_averaging_the_last_steps_weights_are_used(vae, tmp_path):
     torch.manual_seed(2)
     refiner(ToyPolicy(), 1)
     assert all(torch.equal(a, b) for a, b in zip(refiner.world_model.dit.parameters(), refiner.master.parameters()))
-    with pytest.raises(ValueError, match="refine_ema_decay"):
-        RLConfig(refine_ema_decay=1.0).validate()
+    with pytest.raises(ValueError, match="ema_decay must lie in"):
+        refiner_for(vae, tmp_path / "bad", steps=1, ema_decay=1.0)
 
 
 def test_each_round_chooses_the_judges_threshold_again_and_a_resumed_run_takes_it_back(vae, tmp_path):
@@ -157,7 +158,7 @@ def test_refining_rl_resumes_exactly(vae, tmp_path):
         policy = ToyPolicy()
         refiner = refiner_for(vae, folder, steps=3)
         rl = RLConfig(iterations=iterations, group_size=4, num_groups=2, max_steps=16, lr=3e-3, train_temperature=1.0, checkpoint_every=1,
-                      refine_every=refine_every, refine_episodes_per_task=4, refine_steps=3, refine_lr=1e-3)  # fmt: skip
+                      refine_every=refine_every, refine_episodes_per_task=4, refine_steps=3)  # fmt: skip
         env = ImaginedEnv(ToyWorldModel(), ToyJudge(), make_pool(32, 3), 8, 4, max_steps=16, kir_ratio=0.3)
         return train_watched(policy, env, rl, folder, seed=3, refiner=refiner, console=False), refiner
 

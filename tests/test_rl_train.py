@@ -16,12 +16,14 @@ from worldloop.envs.toy import ToyEnv, ToyJudge, ToyWorldModel
 from worldloop.envs.toy import instruction as toy_instruction
 from worldloop.rewards.configuration import CalibrateConfig
 from worldloop.rl.configuration import RLConfig, RLDiagnosticsConfig
-from worldloop.diagnostics.reality import RealityCheck
+from worldloop.diagnostics.reality import CheckOptions, RealityCheck
 from worldloop.diagnostics.monitor import train_watched
 from worldloop.diagnostics.warnings import LARGE_UPDATE
 from worldloop.rl.trainer import minibatches_per_epoch, train
 
 TASK = "reach-top-right"
+GREEDY = CheckOptions(greedy=True)
+"""Reality checks that take the most likely action token, as eval.greedy does."""
 
 
 def imagined(num_envs: int, group_size: int, kir_ratio: float = 0.3) -> ImaginedEnv:
@@ -139,7 +141,7 @@ def test_a_resumed_run_keeps_the_warnings_from_before_the_resume(tmp_path):
 
     def run(iterations: int) -> dict:
         torch.manual_seed(0)
-        check = RealityCheck(ToyEnv(32), [TASK], 32, imagined_env=ShuffledStarts(imagined(32, 1)), greedy=True)
+        check = RealityCheck(ToyEnv(32), [TASK], 32, imagined_env=ShuffledStarts(imagined(32, 1)), options=GREEDY)
         return train_watched(ToyPolicy(), imagined(32, 8), config(iterations=iterations, eval_every=1), tmp_path / "run", reality_check=check, console=False)
 
     first = run(1)
@@ -332,8 +334,8 @@ def test_rl_command_refuses_incomplete_input(tmp_path, capsys):
     assert "rl.judge_threshold=replay replays real episodes" in capsys.readouterr().err
     assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.refine_every=5"]) == 2
     assert "--env real has none to refine" in capsys.readouterr().err
-    assert main(args + ["rl.refine_every=5", "rl.refine_lr=0"]) == 2
-    assert "refine_lr > 0" in capsys.readouterr().err
+    assert main(args + ["rl.refine_every=5", "rl.refine_steps=0"]) == 2
+    assert "refine_steps >= 1" in capsys.readouterr().err
     assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.judge_threshold=replay", "rl.train_tasks=tracked"]) == 2
     assert "--env real trains in the simulator itself" in capsys.readouterr().err
     assert main(args + ["rl.train_tasks=tracked"]) == 2
@@ -534,14 +536,14 @@ def test_rates_that_match_but_verdicts_that_do_not_are_diagnosed(tmp_path):
     torch.manual_seed(0)
     policy, episodes = ToyPolicy(), 96
 
-    shuffled = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=ShuffledStarts(imagined(episodes, 1)), greedy=True)
+    shuffled = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=ShuffledStarts(imagined(episodes, 1)), options=GREEDY)
     result = shuffled(policy) | {"iteration": 0}
     assert abs(result["imagined"]["success_once"] - result["real"]["success_once"]) < 0.1, result
     assert abs(result["kappa"]) < 2.5 * result["kappa_stderr"], result
     assert imagination_tracking_diagnosis(result).startswith(UNTRACKED + ":")
     assert "chance" in results_table([result]) and "kappa" in results_table([result])
 
-    faithful = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=imagined(episodes, 1), greedy=True)(policy)
+    faithful = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=imagined(episodes, 1), options=GREEDY)(policy)
     assert faithful["kappa"] > 0.8 and imagination_tracking_diagnosis(faithful) == "", faithful
 
     # Tracking after 1 and 2 chunks (the toy's episodes have 4): the faithful imagination renders the
@@ -580,15 +582,14 @@ def test_the_imagined_episodes_actions_are_done_in_the_simulator():
 
     torch.manual_seed(0)
     policy, episodes = ToyPolicy(), 96
-    faithful = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=imagined(episodes, 1), greedy=True, imagined_actions_in_reality=True)(policy)
+    faithful = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=imagined(episodes, 1), options=CheckOptions(greedy=True, imagined_actions_in_reality=True))(policy)
     acted = faithful["imagined_actions_in_reality"]
     assert acted["kappa"] > 0.8 and acted["episodes"] == episodes, acted
     assert len(faithful["per_episode"]["imagined_actions_in_reality"]) == episodes
     # the same frames, the same greedy actions: done in the simulator they are the closed loop's, episode by episode
     versus = acted["versus_closed_loop"]
     assert versus["gained"] == versus["lost"] == 0 and versus["episodes"] == episodes and TASK in versus["per_task"], versus
-    shuffled = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=ShuffledStarts(imagined(episodes, 1)), greedy=True,
-                            imagined_actions_in_reality=True)(policy)  # fmt: skip
+    shuffled = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=ShuffledStarts(imagined(episodes, 1)), options=CheckOptions(greedy=True, imagined_actions_in_reality=True))(policy)  # fmt: skip
     acted = shuffled["imagined_actions_in_reality"]
     assert abs(acted["kappa"]) < 2.5 * acted["kappa_stderr"] and 0 < acted["success_once"] < 1, acted
     # actions chosen for other states: some episodes flip against the closed loop, and the paired difference is the rates'
@@ -599,7 +600,7 @@ def test_the_imagined_episodes_actions_are_done_in_the_simulator():
     assert imagined_actions_line(acted).startswith("the imagined episodes' actions done in the simulator: ") and f"per task {TASK} " in imagined_actions_line(acted)
     assert "imagined_actions_in_reality" not in RealityCheck(ToyEnv(4), [TASK], 4, imagined_env=imagined(4, 1))(policy)  # off by default
     with pytest.raises(ValueError, match="it needs the imagined environment"):
-        RealityCheck(ToyEnv(4), [TASK], 4, imagined_actions_in_reality=True)
+        RealityCheck(ToyEnv(4), [TASK], 4, options=CheckOptions(imagined_actions_in_reality=True))
 
 
 class NoisyToyWorldModel(ToyWorldModel):
@@ -622,25 +623,25 @@ def test_the_imagined_actions_again_under_other_noise_say_whether_actions_or_noi
 
     torch.manual_seed(0)
     policy, episodes = ToyPolicy(), 96
-    check = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=imagined(episodes, 1), greedy=True, imagination_repeat=True)(policy)
+    check = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=imagined(episodes, 1), options=CheckOptions(greedy=True, imagination_repeat=True))(policy)
     again = check["imagination_repeat"]
     assert again["agreement"] == 1.0 and again["episodes"] == episodes, again
     assert check["per_episode"]["imagination_repeat"] == check["per_episode"]["imagined"]
     noisy_env = ImaginedEnv(NoisyToyWorldModel(), ToyJudge(), make_pool(32, 3), episodes, 1, max_steps=16, kir_ratio=0.3)
-    noisy = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=noisy_env, greedy=True, imagination_repeat=True)(policy)
+    noisy = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=noisy_env, options=CheckOptions(greedy=True, imagination_repeat=True))(policy)
     again = noisy["imagination_repeat"]
     assert 0 < noisy["imagined"]["success_once"] < 1 and 0 < again["success_once"] < 1, again
     assert abs(again["kappa"]) < 2.5 * again["kappa_stderr"] and again["agreement"] < 0.9, again
     assert imagination_repeat_line(again).startswith("the imagined episodes' actions in imagination again, other world-model noise: ")
     assert "imagination_repeat" not in RealityCheck(ToyEnv(4), [TASK], 4, imagined_env=imagined(4, 1))(policy)  # off by default
     with pytest.raises(ValueError, match="it needs the imagined environment"):
-        RealityCheck(ToyEnv(4), [TASK], 4, imagination_repeat=True)
+        RealityCheck(ToyEnv(4), [TASK], 4, options=CheckOptions(imagination_repeat=True))
 
 
 def test_rl_shows_and_logs_the_imagined_episodes_actions_in_the_simulator_and_in_imagination_again(tmp_path, capsys):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    check = RealityCheck(ToyEnv(8), [TASK], 8, imagined_env=imagined(8, 1), imagined_actions_in_reality=True, imagination_repeat=True)
+    check = RealityCheck(ToyEnv(8), [TASK], 8, imagined_env=imagined(8, 1), options=CheckOptions(imagined_actions_in_reality=True, imagination_repeat=True))
     train_watched(ToyPolicy(), imagined(32, 8), config(iterations=1, eval_every=1), tmp_path / "run", reality_check=check, progress_bar=False)
     console = capsys.readouterr().out
     assert "the imagined episodes' actions done in the simulator: " in console
@@ -711,8 +712,8 @@ def test_a_reality_observed_through_the_vae_says_so_and_is_not_reconstructed_aga
     episodes, vae = 4, tiny_vae()
     env = imagined(episodes, 1)
     env.world_model.vae = vae  # the tracking reconstructs the real frames with the imagined env's VAE
-    raw = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=env, greedy=True)(ToyPolicy()) | {"iteration": 0}
-    seen = RealityCheck(CodecObservations(ToyEnv(episodes), vae), [TASK], episodes, imagined_env=env, greedy=True)(ToyPolicy()) | {"iteration": 0}
+    raw = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=env, options=GREEDY)(ToyPolicy()) | {"iteration": 0}
+    seen = RealityCheck(CodecObservations(ToyEnv(episodes), vae), [TASK], episodes, imagined_env=env, options=GREEDY)(ToyPolicy()) | {"iteration": 0}
     assert not raw["real_through_codec"] and seen["real_through_codec"]
     assert "token_agreement_reconstructed" in raw["tracking"][0] and "token_agreement_reconstructed" not in seen["tracking"][0]
     assert "observed through the VAE" in results_table([seen]) and "observed through" not in results_table([raw])
@@ -722,7 +723,7 @@ def test_reality_check_writes_real_next_to_imagined_videos(tmp_path):
     from worldloop.data.video import read_mp4
 
     episodes = 6
-    check = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=imagined(episodes, 1), video_dir=tmp_path, videos_per_task=2)
+    check = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=imagined(episodes, 1), options=CheckOptions(video_dir=tmp_path, videos_per_task=2))
     result = check(ToyPolicy(), "iteration_0003")
     assert "imagined" in result
     videos = sorted(p.name for p in tmp_path.glob("*.mp4"))
@@ -1061,7 +1062,7 @@ def test_the_reality_check_also_measures_imagination_from_keyframes():
     torch.manual_seed(0)
     episodes = 12
     keyframes = ImaginedEnv(ToyWorldModel(), ToyJudge(), make_pool(32, 3), episodes, 1, max_steps=16, kir_ratio=1.0)
-    check = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=imagined(episodes, 1), greedy=True, keyframe_env=keyframes)
+    check = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=imagined(episodes, 1), keyframe_env=keyframes, options=GREEDY)
     policy = ToyPolicy()
     first, again = check(policy) | {"iteration": 0}, check(policy) | {"iteration": 5}
     assert first["imagined_keyframes"]["keyframe_starts"] == 1.0 and first["imagined_keyframes"]["episodes"] == episodes

@@ -13,7 +13,7 @@ os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
 import pytest
 import torch
 
-from worldloop.envs.protocol import VecEnv
+from worldloop.envs.protocol import REWARD_SCALE, VecEnv
 from worldloop.sims import make_env
 from worldloop.sims.configuration import ExpertConfig, SimConfig
 from worldloop.sims.experts import ExpertPlan, plan_episode
@@ -135,7 +135,7 @@ def test_clean_expert_succeeds_on_three_mt10_tasks():
                 break
         assert success.all(), f"expert failed: {success.tolist()}"
         assert (env.elapsed_steps < config.max_steps).all(), "episodes end at success, before the time limit"
-        assert torch.allclose(total_reward, torch.full((3,), config.reward_scale))
+        assert torch.allclose(total_reward, torch.full((3,), REWARD_SCALE))
         # After the end nothing is simulated: frames repeat, done stays, the counter stops.
         steps = env.elapsed_steps
         out, actions = env.step_expert()
@@ -164,15 +164,16 @@ def test_a_success_reached_and_lost_within_a_chunk_is_credited():
         rewards = [env.step(torch.zeros(2, 4, 4)).reward.tolist() for _ in range(3)]
     finally:
         env.close()
-    c = env.config.reward_scale
+    c = REWARD_SCALE
     assert rewards == [[c, 0.0], [0.0, c], [0.0, 0.0]]
 
 
 def test_noisy_expert_produces_failures():
-    expert = ExpertConfig(action_noise=0.3, perturb_prob=1.0, perturb_steps=25, perturb_start_min=20, perturb_start_max=30)
-    plans = [plan_episode(expert, noisy=True, seed=s) for s in range(3)]
+    expert = ExpertConfig(action_noise=0.3, perturb_prob=1.0, perturb_steps=25)
+    plans = [plan_episode(expert, noisy=True, seed=s, perturb_start=(20, 30)) for s in range(3)]
     assert all(20 <= p.perturb_start <= 30 and p.perturb_length == 25 and p.noise_std == 0.3 for p in plans)
-    assert plan_episode(expert, noisy=True, seed=1) == plans[1], "a plan is a function of its seed"
+    assert plan_episode(expert, noisy=True, seed=1, perturb_start=(20, 30)) == plans[1], "a plan is a function of its seed"
+    assert all(10 <= plan_episode(expert, noisy=True, seed=s).perturb_start <= 120 for s in range(20))
     assert plan_episode(expert, noisy=False, seed=0) == ExpertPlan(seed=0) and ExpertPlan(seed=0).is_clean
     # A clean pick-place takes ~55-75 steps; a 25-step perturbation leaves too little time.
     with MetaWorldVecEnv(sim_config(tasks=["pick-place-v3"], max_steps=64), num_envs=3) as env:

@@ -15,6 +15,7 @@ it next to the resolved values.
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import inspect
 import textwrap
@@ -43,6 +44,75 @@ class ConfigError(ValueError):
     """A configuration key or value that the schema does not accept."""
 
 
+RENAMED: dict[str, str] = {
+    "rl.eval_imagined_actions_in_reality": "rl.diagnostics.imagined_actions_in_reality",
+    "rl.eval_imagination_repeat": "rl.diagnostics.imagination_repeat",
+    "rl.judge_threshold_per_task": "rl.diagnostics.threshold_per_task",
+    "rl.stop_when_real_falls_se": "rl.diagnostics.stop_when_real_falls_se",
+    "rl.drop_imagined_only": "rl.diagnostics.drop_imagined_only",
+    "rl.reality_through_codec": "rl.diagnostics.reality_through_codec",
+    "rl.eval_videos_per_task": "eval.videos_per_task",
+    "rl.judge_threshold_tolerance_se": "reward.calibrate.threshold_tolerance_se",
+    "rl.judge_threshold_significance_se": "reward.calibrate.threshold_significance_se",
+    "reward.classifier.threshold_tolerance_se": "reward.calibrate.threshold_tolerance_se",
+    "reward.classifier.threshold_significance_se": "reward.calibrate.threshold_significance_se",
+    **{f"reward.classifier.{name}": f"reward.training.{name}"
+       for name in ("threshold_from", "steps", "batch_size", "lr", "held_out_fraction", "eval_every", "augment")},
+    "loop.evo_rollouts_per_task": "rl.refine_episodes_per_task",
+    "loop.evo_wm_steps": "rl.refine_steps",
+}
+"""Keys that moved: old dotted name -> the key that holds the same setting now."""
+
+ANY_VALUE = "(any value)"
+"""A retired key whose value never changed what a run did (a saved config may hold any)."""
+
+RETIRED: dict[str, tuple[Any, str]] = {
+    "vae.perceptual_weight": (0.0, "the VGG perceptual loss is gone; remove the key"),
+    "vae.perceptual_weights": (None, "the VGG perceptual loss is gone; remove the key"),
+    "vae.channels_last": (False, "remove the key (no faster at the presets' batch sizes)"),
+    "world_model.bench_sizes": (ANY_VALUE, "`worldloop bench wm --models` takes them"),
+    "world_model.bench_batch_sizes": (ANY_VALUE, "`worldloop bench wm --batch-sizes` takes them"),
+    "reward.topreward.attn_implementation": ("sdpa", "remove the key"),
+    "rl.length_normalise": (True, "remove the key (WoVR's ablation; every trajectory's loss is divided by its valid length)"),
+    "rl.reward_control": ("none", "a control run sets rl.diagnostics.shuffled_scores=true"),
+    "sim.shadows": (False, "frames render without shadows (~3x faster, docs/benchmarks.md); remove the key"),
+    "sim.reward_scale": (5.0, "the chunk reward's c is worldloop.envs.protocol.REWARD_SCALE; remove the key"),
+    "rl.reward_scale": (5.0, "the chunk reward's c is worldloop.envs.protocol.REWARD_SCALE; remove the key"),
+    "policy.mlp_ratio": (4.0, "remove the key"),
+    "policy.norm_percentiles": ([1.0, 99.0], "actions are normalised by their 1st and 99th percentiles; remove the key"),
+    "policy.max_instruction_tokens": (16, "remove the key"),
+    "sft.augment_blur": (0.0, "sft.augment_codec trains on the world model's own frames (it beat blur: "
+                              "docs/experiments/2026-12-03-vae-changes-first-choices.md)"),
+    "sft.weight_decay": (0.01, "remove the key"),
+    "sft.grad_clip": (1.0, "remove the key"),
+    "sft.checkpoint_every": (ANY_VALUE, "a checkpoint is written at every sft.eval_every"),
+    "expert.perturb_start_min": (10, "remove the key (worldloop.sims.experts.PERTURB_START)"),
+    "expert.perturb_start_max": (120, "remove the key (worldloop.sims.experts.PERTURB_START)"),
+    "expert.gripper_perturb_fraction": (0.5, "remove the key"),
+    "eval.video_fps": (20, "evaluation videos play at collect.fps"),
+    **{f"reward.{section}.{name}": retired for section in ("classifier", "training") for name, retired in {  # classifier: before 2026-12-04
+        "weight_decay": (1e-4, "remove the key"),
+        "blur_prob": (0.5, "reward.training.augment switches the whole degradation on or off"),
+        "jitter": (0.2, "reward.training.augment switches the whole degradation on or off"),
+        "noise_std": (0.03, "reward.training.augment switches the whole degradation on or off"),
+        "max_frames": (200000, "remove the key"),
+    }.items()},
+    "reward.topreward.video_fps": (2.0, "remove the key"),
+    "rl.weight_decay": (0.0, "remove the key"),
+    "rl.value_clip": (0.2, "remove the key"),
+    "rl.value_coef": (0.5, "remove the key"),
+    "rl.refine_lr": (1e-4, "remove the key"),
+    "rl.refine_ema_decay": (0.99, "remove the key (0, the raw weights, turned imagination pessimistic in the 2026-12-02 refinement-ab run)"),
+    "rl.keep_checkpoints": (2, "remove the key"),
+    "rl.kir_lead_frames": (4, "remove the key"),
+    "rl.kir_max_per_episode": (4, "remove the key"),
+    "rl.kir_failure_stride": (16, "remove the key"),
+}
+"""Keys that are gone: old dotted name -> (the value the code now always uses, what to do instead).
+A user's preset or override that sets one stops with an error naming it; a saved config or model folder
+that holds one loads when its value is the one now fixed (it was built as this version builds it)."""
+
+
 @dataclass
 class LoopConfig:
     """The closed loop (``worldloop loop``): how much real data each stage spends."""
@@ -53,16 +123,13 @@ class LoopConfig:
     """Demonstrations per task the base policy is fine-tuned on (1: WoVR's one-trajectory SFT)."""
     base_rollouts_per_task: int = 10
     """Real rollouts of the base policy per task: the world model's and the judge's training data."""
-    evo_rollouts_per_task: int = 4
-    """PACE: real rollouts of the stage-1 policy per task used to refine the world model."""
-    evo_wm_steps: int = 200
-    """PACE: training steps of the world-model refinement (WM Base -> WM Evo)."""
     eval_episodes_per_task: int = 10
     """Real-simulator evaluation episodes per task for the base, stage-1 and stage-2 policies."""
     judge: str = "classifier"
     """'classifier' (trained on the base rollouts) or 'topreward:PATH' (a local Qwen3-VL folder)."""
     pace: bool = True
-    """Run the second half of the loop (evolved-policy rollouts, WM Evo, RL stage 2); False: the w/o-PACE ablation."""
+    """Run the second half of the loop: rl.refine_episodes_per_task real rollouts per task of the stage-1 policy, on which
+    the world model trains rl.refine_steps more steps (WM Base -> WM Evo), then RL stage 2; False: the w/o-PACE ablation."""
     gate_episodes_per_task: int = 16
     """The fidelity gate (`worldloop gate`, before RL): real episodes of the base policy per task, replayed in the world model."""
     gate_min_kappa: float | None = 0.6
@@ -82,9 +149,9 @@ class LoopConfig:
             raise ValueError(f"gate_min_kappa must be a kappa in [-1, 1] or null (not enforced), got {self.gate_min_kappa}")
         if self.time_budget_min < 0:
             raise ValueError(f"time_budget_min must be >= 0 (0: no budget), got {self.time_budget_min}")
-        counts = (self.demo_episodes_per_task, self.sft_episodes_per_task, self.base_rollouts_per_task, self.evo_rollouts_per_task, self.eval_episodes_per_task)
-        if min(counts) < 1 or self.evo_wm_steps < 1:
-            raise ValueError("episode counts and evo_wm_steps must be >= 1")
+        counts = (self.demo_episodes_per_task, self.sft_episodes_per_task, self.base_rollouts_per_task, self.eval_episodes_per_task)
+        if min(counts) < 1:
+            raise ValueError("episode counts must be >= 1")
 
 
 @dataclass
@@ -202,7 +269,7 @@ def load_saved_config(path: str | Path) -> Config:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as error:
         raise ConfigError(f"{path} is not valid YAML: {error}") from error
-    return from_dict(Config, data)
+    return from_dict(Config, upgraded(data), saved=True)
 
 
 def save_config(config: Any, folder: str | Path) -> Path:
@@ -232,8 +299,40 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 # Validation: mapping -> dataclass, with errors that name the key
 
 
-def from_dict(cls: type, data: Any, path: str = "") -> Any:
-    """Build dataclass ``cls`` from a mapping, checking every key and value."""
+def old_key_error(where: str) -> str | None:
+    """The one-line message for a key that was renamed or retired; None for any other key."""
+    if where in RENAMED:
+        return f"config key '{where}' is now '{RENAMED[where]}'; set that instead"
+    if where in RETIRED:
+        fixed, instead = RETIRED[where]
+        return f"config key '{where}' was retired{'' if fixed == ANY_VALUE else f' (now always {fixed!r})'}; {instead}"
+    return None
+
+
+def upgraded(data: dict[str, Any]) -> dict[str, Any]:
+    """A mapping saved by an earlier version with its renamed keys moved to where they live now, values kept
+    (where both are set, the new key's value wins)."""
+    data = copy.deepcopy(data)
+    for old, new in RENAMED.items():
+        *path, name = old.split(".")
+        node: Any = data
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or name not in node:
+            continue
+        value = node.pop(name)
+        *new_path, new_name = new.split(".")
+        target = data
+        for part in new_path:
+            target = target.setdefault(part, {})
+        target.setdefault(new_name, value)
+    return data
+
+
+def from_dict(cls: type, data: Any, path: str = "", saved: bool = False) -> Any:
+    """Build dataclass ``cls`` from a mapping, checking every key and value. ``saved``: the mapping was
+    written by an earlier version (a run's config.yaml, a model's config.json), whose retired keys are
+    accepted when they hold the value now fixed."""
     if not isinstance(data, dict):
         raise ConfigError(f"'{path or 'config'}' must be a mapping of keys, got {data!r}")
     hints = typing.get_type_hints(cls)
@@ -242,8 +341,16 @@ def from_dict(cls: type, data: Any, path: str = "") -> Any:
     for key, value in data.items():
         where = f"{path}{key}"
         if key not in names:
+            if saved and where in RETIRED and RETIRED[where][0] in (value, ANY_VALUE):
+                continue
+            if saved and where in RETIRED:
+                raise ConfigError(f"saved config key '{where}' = {value!r}: this version always uses {RETIRED[where][0]!r}")
+            message = old_key_error(where)
+            if message:
+                raise ConfigError(message)
             raise ConfigError(f"unknown config key '{where}'; allowed keys{' in ' + path.rstrip('.') if path else ''}: {', '.join(names)}")
-        kwargs[key] = convert(hints[key], value, where)
+        hint = hints[key]
+        kwargs[key] = from_dict(hint, value, where + ".", saved) if dataclasses.is_dataclass(hint) else convert(hint, value, where)
     instance = cls(**kwargs)
     check = getattr(instance, "validate", None)
     if check is not None:
@@ -319,6 +426,24 @@ def describe(hint: Any) -> str:
 # Documentation: attribute docstrings
 
 
+SAVED_WITH_MODEL: dict[str, tuple[str, ...] | None] = {
+    "policy": None,
+    "vae": ("size", "spatial_downsamples"),
+    "world_model": ("size", "chunk_size", "memory_frames", "reference_frame", "context_channels", "action_dropout",
+                    "sampling_steps", "shift", "decode", "memory_noise", "action_guidance"),
+    "reward.classifier": None,
+}
+"""What a trained model keeps in its folder (section -> its fields, None: every field): the architecture, and the world
+model's sampling options. A verb that loads a model builds it as saved, whatever the run's config says (a world model's
+sampling options can be overridden on the command line); the other fields are run knobs: training, evaluation, budgets."""
+
+
+def saved_with_model(dotted: str) -> bool:
+    """Whether the leaf ``dotted`` (``world_model.chunk_size``) is saved with a trained model."""
+    section, _, name = dotted.rpartition(".")
+    return section in SAVED_WITH_MODEL and (SAVED_WITH_MODEL[section] is None or name in SAVED_WITH_MODEL[section])
+
+
 @cache
 def field_docs(cls: type) -> dict[str, str]:
     """The string literal written under each field of dataclass ``cls``."""
@@ -350,7 +475,8 @@ def explain(config: Any, prefix: str = "") -> list[str]:
             lines.append(f"# {prefix}{f.name}: {docs.get(f.name, '')}")
             lines.extend(explain(value, f"{prefix}{f.name}."))
         else:
-            lines.append(f"{prefix}{f.name} = {value!r}  # {docs.get(f.name, '')}")
+            saved = "[saved with the model] " if saved_with_model(prefix + f.name) else ""
+            lines.append(f"{prefix}{f.name} = {value!r}  # {saved}{docs.get(f.name, '')}")
     return lines
 
 

@@ -70,7 +70,7 @@ def real_episode_budget(config: Config, tasks: int, trained_tasks: int) -> int:
     stage-1 policy's, on each of ``tasks`` tasks, plus RL's refinement rounds (rl.refine_every) on the ``trained_tasks``,
     in each RL stage. Evaluations, the gate's and the judge calibration's episodes measure and are not counted."""
     lp, rl = config.loop, config.rl
-    per_task = lp.base_rollouts_per_task + (lp.evo_rollouts_per_task if lp.pace else 0)
+    per_task = lp.base_rollouts_per_task + (rl.refine_episodes_per_task if lp.pace else 0)
     rounds = (rl.iterations // rl.refine_every if rl.refine_every else 0) * (2 if lp.pace else 1)
     return per_task * tasks + rounds * rl.refine_episodes_per_task * trained_tasks
 

@@ -72,7 +72,7 @@ def render_markdown(run: Path, results: dict[str, Any], plots: list[str]) -> str
     lines = ["# worldloop report", "", f"Run folder: `{run}`. Every number below is also in `results.json`.", ""]
     lines += small_run_note(results)
     if results.get("gate"):
-        from worldloop.commands.gate import gate_table
+        from worldloop.diagnostics.gate import gate_table
 
         lines += ["## Fidelity gate: does imagination agree with the simulator, task by task?", "", gate_table(results["gate"]), ""]
     for why in dict.fromkeys(results.get("skipped_stages", {}).values()):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from worldloop.config import Config
 from worldloop.utils.runfolder import RunSpec
@@ -44,6 +43,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from worldloop.commands.shared import load_world_model
     from worldloop.config import save_config
     from worldloop.data.dataset import TrajectoryDataset
+    from worldloop.diagnostics.gate import gate_table, gate_verdicts
     from worldloop.diagnostics.reality import calibrate_threshold, load_rl_judge, reality_check
     from worldloop.policies import EXPERT, load_policy
     from worldloop.sims.tasks import check_task, resolve_tasks
@@ -75,48 +75,3 @@ def run(args: argparse.Namespace, config: Config) -> int:
     atomic_write_text(out / "gate.md", table + "\n")
     print(table)
     return 0
-
-
-def gate_verdicts(calibration: dict[str, Any], min_kappa: float | None, significance_se: float) -> dict[str, Any]:
-    """Each task's verdict from a judge calibration on replays (``calibrate_threshold``'s result): its real success,
-    the replays' judged success and kappa at the chosen threshold, whether it passes and why not. ``min_kappa``
-    None: the gate reports and every task passes (a preset too small for fidelity to mean anything)."""
-    from worldloop.utils.stats import format_kappa, kappa_above_chance
-
-    real, judged = calibration["real"]["per_task"], calibration["replayed_after"]["per_task"]
-    kappas = calibration["replayed_after"]["per_task_kappa"]
-    rows = {}
-    for task, numbers in real.items():
-        kappa, stderr = kappas[task]["kappa"], kappas[task]["kappa_stderr"]
-        if numbers["success_once"] in (0.0, 1.0):  # every real episode alike: agreement beyond chance means nothing
-            kappa, stderr = None, None
-        if min_kappa is None:
-            passed, why = True, "the gate is not enforced (loop.gate_min_kappa: null)"
-        elif kappa is None:
-            passed, why = False, f"kappa undefined: all {numbers['episodes']} real episodes {'succeeded' if numbers['success_once'] else 'failed'}"
-        elif kappa < min_kappa:
-            passed, why = False, f"kappa {format_kappa(kappa, stderr)} is below {min_kappa:g}"
-        elif not kappa_above_chance(kappa, stderr, significance_se):
-            passed, why = False, f"kappa {format_kappa(kappa, stderr)} is not {significance_se:g} SE above chance"
-        else:
-            passed, why = True, ""
-        rows[task] = {"episodes": numbers["episodes"], "real": numbers["success_once"], "real_stderr": numbers["stderr"],
-                      "judged": judged[task]["success_once"], "judged_stderr": judged[task]["stderr"],
-                      "kappa": kappa, "kappa_stderr": stderr, "passed": passed, "why_not": why}  # fmt: skip
-    return {"threshold": calibration["threshold"], "calibrated": calibration["calibrated"], "min_kappa": min_kappa,
-            "significance_se": significance_se, "tasks": rows, "passed": [task for task, row in rows.items() if row["passed"]]}  # fmt: skip
-
-
-def gate_table(gate: dict[str, Any]) -> str:
-    """The gate as a Markdown table, one row per task."""
-    from worldloop.utils.stats import format_kappa
-
-    rule = "not enforced" if gate["min_kappa"] is None else f"kappa >= {gate['min_kappa']:g} and > {gate['significance_se']:g} SE above chance"
-    lines = [f"Fidelity gate ({rule}; judge threshold {gate['threshold']:.3f}): the base policy's real episodes replayed in the world model.",
-             "", "| task | episodes | real success | judged on replays | kappa | RL trains on it |", "| --- | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
-    for task, row in gate["tasks"].items():
-        kappa = "undefined" if row["kappa"] is None else format_kappa(row["kappa"], row["kappa_stderr"])
-        verdict = "yes" if row["passed"] else f"no: {row['why_not']}"
-        lines.append(f"| {task} | {row['episodes']} | {row['real']:.2f} ± {row['real_stderr']:.2f} | "
-                     f"{row['judged']:.2f} ± {row['judged_stderr']:.2f} | {kappa} | {verdict} |")  # fmt: skip
-    return "\n".join(lines)

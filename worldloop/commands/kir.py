@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from worldloop.config import Config, ConfigError
+from worldloop.config import Config
 from worldloop.utils.runfolder import RunSpec
 
 HELP = """Extract keyframes for keyframe-initialised rollouts (KIR) into --out KF.
@@ -30,12 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, config: Config) -> int:
     from worldloop.data.dataset import TrajectoryDataset
-    from worldloop.rl.kir import dataset_keyframes, write_keyframes
+    from worldloop.rl.kir import FAILURE_STRIDE, LEAD_FRAMES, MAX_PER_EPISODE, dataset_keyframes, write_keyframes
 
-    rl = config.rl
     dataset = TrajectoryDataset(args.dataset)
-    failure_stride = rl.kir_failure_stride if args.failures else None
-    items = list(dataset_keyframes(dataset, rl.kir_lead_frames, rl.kir_max_per_episode, failure_stride))
+    failure_stride = FAILURE_STRIDE if args.failures else None
+    items = list(dataset_keyframes(dataset, LEAD_FRAMES, MAX_PER_EPISODE, failure_stride))
     if args.policy:
         items += failed_rollout_items(args.policy, dataset, config)
     index = write_keyframes(args.out, items, args.dataset, dataset.image_size, dataset.action_dim)
@@ -49,9 +48,10 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
 def failed_rollout_items(policy_path: str, dataset, config: Config) -> list:
     from worldloop.policies import load_policy
-    from worldloop.rl.kir import policy_failure_keyframes
+    from worldloop.rl.kir import FAILURE_STRIDE, LEAD_FRAMES, MAX_PER_EPISODE, policy_failure_keyframes
     from worldloop.rl.rollout import check_compatible
     from worldloop.sims import make_env
+    from worldloop.sims.tasks import sim_tasks
     from worldloop.utils.device import resolve_device
 
     tasks = list(config.sim.tasks) or sim_tasks(dataset.tasks)
@@ -64,22 +64,8 @@ def failed_rollout_items(policy_path: str, dataset, config: Config) -> list:
         check_compatible(policy, env, "simulator")
         # Seeds below the evaluation seeds and apart from collection's low seeds.
         seeds = [config.eval.seed_offset // 2 + 1000 * t + e for t in range(len(tasks)) for e in range(episodes)]
-        rl = config.rl
         return list(
-            policy_failure_keyframes(
-                policy, env, tasks, episodes, seeds, rl.kir_lead_frames, rl.kir_failure_stride, rl.kir_max_per_episode, config.eval.temperature, config.eval.greedy
-            )
+            policy_failure_keyframes(policy, env, tasks, episodes, seeds, LEAD_FRAMES, FAILURE_STRIDE, MAX_PER_EPISODE, config.eval.temperature, config.eval.greedy)
         )
     finally:
         env.close()
-
-
-def sim_tasks(instructions: list[str]) -> list[str]:
-    """Simulator task names of a dataset's instructions (Meta-World's instruction table)."""
-    from worldloop.sims.tasks import INSTRUCTIONS
-
-    by_instruction = {text: task for task, text in INSTRUCTIONS.items()}
-    unknown = [text for text in instructions if text not in by_instruction]
-    if unknown:
-        raise ConfigError(f"instructions {unknown[:3]} are not Meta-World tasks: --policy rollouts need the simulator's tasks")
-    return [by_instruction[text] for text in instructions]

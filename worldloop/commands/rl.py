@@ -45,18 +45,15 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
     import torch
 
-    from worldloop.commands.kir import sim_tasks
     from worldloop.commands.shared import load_world_model
     from worldloop.config import save_config
     from worldloop.data.dataset import TrajectoryDataset
     from worldloop.diagnostics.monitor import train_watched
-    from worldloop.diagnostics.reality import calibrate_threshold, imagined_env, instruction_of, load_rl_judge, reality_check, through_codec, tracked_tasks
+    from worldloop.diagnostics.reality import instruction_of, load_rl_judge, rl_checks, training_env
     from worldloop.policies import EXPERT, load_policy
     from worldloop.policies.modeling_vla import with_value_head
     from worldloop.rl.refine import world_model_refiner
     from worldloop.rl.summary import results_table
-    from worldloop.sims import make_env
-    from worldloop.sims.tasks import resolve_tasks
     from worldloop.utils import distributed
     from worldloop.utils.device import resolve_device
 
@@ -75,42 +72,18 @@ def run(args: argparse.Namespace, config: Config) -> int:
         world_model = load_world_model(args.world_model, config, args.overrides, device) if args.world_model else None
         judge = load_rl_judge(args.judge, device, config) if args.judge else None
         dataset = TrajectoryDataset(args.dataset) if args.dataset else None
-        if imagined:
-            env = imagined_env(config, world_model, judge, dataset, args.keyframes, num_envs, rl.group_size, rl.max_steps, device)
-            chosen = args.tasks.split(",") if args.tasks else None
-            tasks = env.task_names if chosen is None else [instruction_of(task) for task in chosen]
-            train_sim_tasks = chosen or sim_tasks(tasks)
-        else:
-            train_sim_tasks = args.tasks.split(",") if args.tasks else resolve_tasks(config.sim)
-            env = through_codec(make_env(config, num_envs, tasks=train_sim_tasks), world_model, config)
-            tasks = list(train_sim_tasks)
+        chosen = args.tasks.split(",") if args.tasks else None
+        env, tasks, sim_tasks = training_env(config, imagined, world_model, judge, dataset, args.keyframes, chosen, device, num_envs)
         closers.append(env)
-
-        check = calibration = None
-        if rl.eval_episodes_per_task > 0 and main:  # rank 0 alone runs the reality checks
-            eval_tasks = list(rl.eval_tasks) or list(train_sim_tasks)
-            if rl.judge_threshold == "replay":  # on initial states apart from the evaluations', which stay out of sample
-                calibration = reality_check(config, eval_tasks, world_model, judge, dataset, device, closers, first_episode=rl.eval_episodes_per_task)
-                calibrated = calibrate_threshold(calibration, policy, judge, rl, Path(args.out) / "judge_calibration.json", config.reward.calibrate)
-                if rl.train_tasks == "tracked":
-                    train_sim_tasks = tracked_tasks(calibrated, train_sim_tasks, config.reward.calibrate.threshold_significance_se)
-                    tasks = [instruction_of(task) for task in train_sim_tasks]
-                    eval_tasks = list(rl.eval_tasks) or list(train_sim_tasks)
-            check = reality_check(config, eval_tasks, world_model, judge, dataset, device, closers, shared=calibration, keyframes=args.keyframes,
-                                  video_dir=Path(args.out) / "videos", videos_per_task=config.eval.videos_per_task)  # fmt: skip
-            if calibration is not None and check.real_env is not calibration.real_env:
-                closers.remove(calibration.real_env)  # its episodes are taken; a refined model's recalibration only replays them
-                calibration.real_env.close()
-
+        check, calibration, kept = None, None, sim_tasks
+        if main:  # rank 0 alone runs the reality checks
+            check, calibration, kept = rl_checks(config, policy, world_model, judge, dataset, device, closers, sim_tasks, Path(args.out), args.keyframes)
+        if kept != sim_tasks:  # rl.train_tasks=tracked
+            sim_tasks, tasks = kept, [instruction_of(task) for task in kept]
         refiner = None
         if imagined and rl.refine_every > 0:
-            refiner = world_model_refiner(config, world_model, dataset, train_sim_tasks, args.out)
+            refiner = world_model_refiner(config, world_model, dataset, sim_tasks, args.out, calibration)
             closers.append(refiner.real_env)
-            if calibration is not None and calibration.labelled is not None:
-                refiner.judge_check = calibration  # rl.judge_threshold=replay: chosen again in each refined world model
-            elif calibration is not None:
-                print("rl: the judge's calibration episodes were not saved (a run begun before they were): its threshold stays as "
-                      "calibrated through the refinement rounds")  # fmt: skip
         results = train_watched(policy, env, rl, args.out, seed=config.seed, tasks=tasks, reality_check=check, refiner=refiner,
                                 progress_bar=not args.no_progress, training_task_of=instruction_of if imagined else None)  # fmt: skip
     finally:
@@ -125,6 +98,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
 def check_arguments(args: argparse.Namespace, rl) -> None:
     """A clear error, before anything loads, for flags and rl.* settings that cannot go together."""
+    from worldloop.diagnostics.reality import check_diagnostics
+
     if args.env == "imagined":
         missing = [flag for flag, value in (("--world-model", args.world_model), ("--judge", args.judge), ("--dataset", args.dataset)) if not value]
         if missing:
@@ -144,13 +119,4 @@ def check_arguments(args: argparse.Namespace, rl) -> None:
         raise ConfigError("rl.judge_threshold=replay calibrates the judge in one process: run it without torchrun, or give a threshold")
     if distributed.launched() and rl.refine_every > 0:
         raise ConfigError(f"rl.refine_every={rl.refine_every} refines the world model in one process: run it without torchrun, or set rl.refine_every=0")
-    checks = args.world_model and args.judge and rl.eval_episodes_per_task > 0
-    needs = f"--world-model, --judge and rl.eval_episodes_per_task > 0 (got {rl.eval_episodes_per_task})"
-    for on, does in ((rl.diagnostics.drop_imagined_only, "rl.diagnostics.drop_imagined_only=true compares real and imagined success at each reality check"),
-                     (rl.diagnostics.imagined_actions_in_reality, "rl.diagnostics.imagined_actions_in_reality=true replays the imagined episodes' actions in the simulator"),
-                     (rl.diagnostics.imagination_repeat, "rl.diagnostics.imagination_repeat=true replays the imagined episodes' actions in imagination"),
-                     (rl.judge_threshold == "replay", "rl.judge_threshold=replay replays real episodes in the world model")):  # fmt: skip
-        if on and not checks:
-            raise ConfigError(f"{does}: it needs {needs}")
-    if rl.diagnostics.reality_through_codec and not args.world_model:
-        raise ConfigError("rl.diagnostics.reality_through_codec=true shows the policy the simulator through the world model's VAE: it needs --world-model")
+    check_diagnostics(rl, bool(args.world_model), bool(args.judge))

@@ -49,8 +49,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
     parts = [read(0), read(1)]
     if args.world_model:  # read once: the real frames and their replays both come from them
         parts = [list(part) for part in parts]
-    train = labelled_frames(parts[0], instructions, settings.max_frames)
-    held_out = labelled_frames(parts[1], instructions, settings.max_frames) if held_out_ids else None
+    train = labelled_frames(parts[0], instructions)
+    held_out = labelled_frames(parts[1], instructions) if held_out_ids else None
     also_evaluate = {}
     if args.world_model:
         from worldloop.rewards.agreement import imagined_episodes
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
         def imagined(part: int) -> LabelledFrames:  # the same episodes replayed open loop, with the real labels
             replays = imagined_episodes(world_model, parts[part], settings.batch_size, config.seed + part)
-            return labelled_frames(replays, instructions, settings.max_frames)
+            return labelled_frames(replays, instructions)
 
         train = LabelledFrames.cat([train, imagined(0)])
         if held_out_ids:

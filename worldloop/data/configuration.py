@@ -11,7 +11,6 @@ PLAN_DEFINING = (
     "sim.backend",
     "sim.image_size",
     "sim.camera",
-    "sim.shadows",
     "sim.max_steps",
     "sim.success_hold_steps",
     "expert",
@@ -31,7 +30,7 @@ class CollectConfig:
     noisy_fraction: float = 0.5
     """Fraction of each task's episodes collected with the noisy expert (`expert.*`); the rest are clean."""
     fps: int = 20
-    """Frame rate recorded in the dataset and its videos."""
+    """Frame rate recorded in the dataset and its videos, and of the evaluation videos."""
 
     def validate(self) -> None:
         if self.episodes_per_task < 1 or self.num_envs < 1 or self.fps < 1:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -45,17 +46,18 @@ from worldloop.rl.rollout import (
     trajectory_tracking,
 )
 from worldloop.sims import make_env
-from worldloop.sims.tasks import INSTRUCTIONS
+from worldloop.sims.tasks import INSTRUCTIONS, resolve_tasks, sim_tasks
 from worldloop.utils.io import atomic_write_json, read_json
 from worldloop.utils.stats import agreement_beyond_chance, format_kappa, kappa_above_chance
 
 
 def reality_check(config: Config, tasks: list[str], world_model, judge, dataset, device, closers: list, first_episode: int = 0,
-                  shared=None, keyframes: str | None = None, **videos):  # fmt: skip
+                  shared=None, keyframes: str | None = None, video_dir: str | Path | None = None):  # fmt: skip
     """rl's reality check: rl.eval_episodes_per_task real episodes per task of ``tasks`` from the eval verb's
     initial states (episode numbers from ``first_episode`` on) and, with a world model and judge, the same in
     imagination, and with ``keyframes`` (a KIR folder) in imagination from those keyframes too. Its environments
-    are ``shared``'s (a check on the same tasks) or new ones, added to ``closers``."""
+    are ``shared``'s (a check on the same tasks) or new ones, added to ``closers``. It samples as the eval verb does
+    and writes eval.videos_per_task videos per task into ``video_dir`` when that is given."""
     per_task = config.rl.eval_episodes_per_task
     count = len(tasks) * per_task
     if shared is not None and shared.task_of_episode == [task for task in tasks for _ in range(per_task)]:
@@ -71,9 +73,62 @@ def reality_check(config: Config, tasks: list[str], world_model, judge, dataset,
     if keyframes and gap_env is not None:
         keyframe_env = imagined_env(config, world_model, judge, dataset, keyframes, count, 1, gap_env.max_steps, device, kir_ratio=1.0)
     seeds = [eval_seed(task, first_episode + e, config.eval.seed_offset) for task in tasks for e in range(per_task)]
-    return RealityCheck(real_env, tasks, per_task, gap_env, seeds, config.eval.temperature, config.eval.greedy, keyframe_env=keyframe_env,
-                        imagined_actions_in_reality=config.rl.diagnostics.imagined_actions_in_reality,
-                        imagination_repeat=config.rl.diagnostics.imagination_repeat, **videos)  # fmt: skip
+    return RealityCheck(real_env, tasks, per_task, gap_env, seeds, keyframe_env, CheckOptions.from_config(config, video_dir))
+
+
+def rl_checks(config: Config, policy, world_model, judge, dataset, device, closers: list, train_tasks: list[str], out: Path,
+              keyframes: str | None = None):  # fmt: skip
+    """rl's reality check (None with rl.eval_episodes_per_task 0) on rl.eval_tasks (default: the training tasks),
+    and with rl.judge_threshold=replay first the judge's calibration on other initial states of the same tasks
+    (OUT/judge_calibration.json), which with rl.train_tasks=tracked also narrows the training tasks. Returns
+    (check, calibration or None, the simulator tasks to train on)."""
+    rl = config.rl
+    if rl.eval_episodes_per_task == 0:
+        return None, None, train_tasks
+    eval_tasks, calibration = list(rl.eval_tasks) or list(train_tasks), None
+    if rl.judge_threshold == "replay":  # on initial states apart from the evaluations', which stay out of sample
+        calibration = reality_check(config, eval_tasks, world_model, judge, dataset, device, closers, first_episode=rl.eval_episodes_per_task)
+        calibrated = calibrate_threshold(calibration, policy, judge, rl, out / "judge_calibration.json", config.reward.calibrate)
+        if rl.train_tasks == "tracked":
+            train_tasks = tracked_tasks(calibrated, train_tasks, config.reward.calibrate.threshold_significance_se)
+            eval_tasks = list(rl.eval_tasks) or list(train_tasks)
+    check = reality_check(config, eval_tasks, world_model, judge, dataset, device, closers, shared=calibration, keyframes=keyframes,
+                          video_dir=out / "videos")  # fmt: skip
+    if calibration is not None and check.real_env is not calibration.real_env:
+        closers.remove(calibration.real_env)  # its episodes are taken; a refined model's recalibration only replays them
+        calibration.real_env.close()
+    return check, calibration, train_tasks
+
+
+def check_diagnostics(rl, world_model: bool, judge: bool) -> None:
+    """A clear error, before anything loads, for an rl.diagnostics switch (or rl.judge_threshold=replay) without what it measures with."""
+    checks = world_model and judge and rl.eval_episodes_per_task > 0
+    needs = f"--world-model, --judge and rl.eval_episodes_per_task > 0 (got {rl.eval_episodes_per_task})"
+    for on, does in ((rl.diagnostics.drop_imagined_only, "rl.diagnostics.drop_imagined_only=true compares real and imagined success at each reality check"),
+                     (rl.diagnostics.imagined_actions_in_reality, "rl.diagnostics.imagined_actions_in_reality=true replays the imagined episodes' actions in the simulator"),
+                     (rl.diagnostics.imagination_repeat, "rl.diagnostics.imagination_repeat=true replays the imagined episodes' actions in imagination"),
+                     (rl.judge_threshold == "replay", "rl.judge_threshold=replay replays real episodes in the world model")):  # fmt: skip
+        if on and not checks:
+            raise ConfigError(f"{does}: it needs {needs}")
+    if rl.diagnostics.reality_through_codec and not world_model:
+        raise ConfigError("rl.diagnostics.reality_through_codec=true shows the policy the simulator through the world model's VAE: it needs --world-model")
+
+
+def training_env(config: Config, imagined: bool, world_model, judge, dataset, keyframes: str | None, chosen: list[str] | None, device,
+                 num_envs: int | None = None):  # fmt: skip
+    """RL's training environment: the imagined one (from ``dataset``'s first frames and the ``keyframes``) or the real
+    simulator (through the world model's VAE with rl.diagnostics.reality_through_codec), on the ``chosen`` simulator
+    tasks (default: the dataset's, or sim.tasks/suite), ``num_envs`` of them (default: rl.num_groups x rl.group_size; under
+    torchrun this rank's share). Returns it, its tasks as the policy reads them (instructions in imagination) and the
+    same tasks as the simulator names them."""
+    rl = config.rl
+    num_envs = num_envs or rl.num_groups * rl.group_size
+    if imagined:
+        env = imagined_env(config, world_model, judge, dataset, keyframes, num_envs, rl.group_size, rl.max_steps, device)
+        tasks = env.task_names if chosen is None else [instruction_of(task) for task in chosen]
+        return env, tasks, chosen or sim_tasks(tasks)
+    chosen = chosen or resolve_tasks(config.sim)
+    return through_codec(make_env(config, num_envs, tasks=chosen), world_model, config), list(chosen), list(chosen)
 
 
 def through_codec(env, world_model, config: Config):
@@ -188,7 +243,7 @@ def imagined_env(config: Config, world_model, judge, dataset, keyframes: str | N
     if keyframes:
         pools.append(initial_states_from_keyframes(keyframes))
     ratio = config.rl.kir_ratio if kir_ratio is None else kir_ratio
-    return ImaginedEnv(world_model, judge, InitialStates.concat(*pools), num_envs, group_size, max_steps, config.sim.reward_scale, ratio, device,
+    return ImaginedEnv(world_model, judge, InitialStates.concat(*pools), num_envs, group_size, max_steps, kir_ratio=ratio, device=device,
                        success_chunks=config.rl.success_chunks)  # fmt: skip
 
 
@@ -197,6 +252,31 @@ def instruction_of(task: str) -> str:
     if task not in INSTRUCTIONS:
         raise ConfigError(f"--tasks: unknown simulator task '{task}'")
     return INSTRUCTIONS[task]
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """How a :class:`RealityCheck` runs the policy, what it writes and what it measures beyond real against imagined."""
+
+    temperature: float = 1.0
+    """The policy's sampling temperature (ignored when greedy), as in the eval verb (eval.temperature)."""
+    greedy: bool = False
+    """Take the most likely action token (eval.greedy)."""
+    video_dir: Path | None = None
+    """Where real | replay | imagined videos go (None: no videos)."""
+    videos_per_task: int = 0
+    """Episodes per task written as videos (the first ones)."""
+    imagined_actions_in_reality: bool = False
+    """rl.diagnostics.imagined_actions_in_reality: the imagined episodes' actions, open loop in the simulator."""
+    imagination_repeat: bool = False
+    """rl.diagnostics.imagination_repeat: the imagined episodes' actions, open loop in imagination again."""
+
+    @classmethod
+    def from_config(cls, config: Config, video_dir: str | Path | None = None) -> CheckOptions:
+        """As the eval verb samples (eval.*) and rl.diagnostics asks; videos (eval.videos_per_task) when ``video_dir`` is given."""
+        d = config.rl.diagnostics
+        return cls(config.eval.temperature, config.eval.greedy, None if video_dir is None else Path(video_dir),
+                   config.eval.videos_per_task if video_dir is not None else 0, d.imagined_actions_in_reality, d.imagination_repeat)  # fmt: skip
 
 
 class RealityCheck:
@@ -219,17 +299,18 @@ class RealityCheck:
     ``real_env`` has one environment per evaluation episode (tasks x episodes_per_task, task-major);
     ``seeds`` (default: 10**6 + 1000 * task position + episode) are the same at every evaluation,
     so every evaluation sees the same initial states. ``imagined_env`` (optional) must have as many
-    environments and accept ``reset_to``. With both and ``video_dir``, the first ``videos_per_task``
-    episodes of each task are written as real | replay | imagined mp4s, one frame per chunk.
+    environments and accept ``reset_to``. ``options`` (:class:`CheckOptions`) say how the policy samples, which
+    videos are written and what else is measured: with both environments and ``options.video_dir``, the first
+    ``options.videos_per_task`` episodes of each task are written as real | replay | imagined mp4s, one frame per chunk.
 
-    ``imagined_actions_in_reality``: the simulator is also driven open loop, from the same initial states, by the
+    ``options.imagined_actions_in_reality``: the simulator is also driven open loop, from the same initial states, by the
     closed-loop imagined episodes' action chunks (as far as each imagined episode ran): the simulator's verdict on
     what the policy did in imagination, against the imagined verdicts (``imagined_actions_in_reality``). Where
     imagination fails a task the simulator too fails with those actions, the policy acted worse on the imagined
     frames; where the simulator succeeds with them, the world model or the judge rendered them wrongly. Its
     ``versus_closed_loop``: those actions' success against the policy's own in reality, paired per episode.
 
-    ``imagination_repeat``: the imagined episodes' action chunks also drive the imagined environment again, open loop
+    ``options.imagination_repeat``: the imagined episodes' action chunks also drive the imagined environment again, open loop
     from the same frames under other world-model noise (``imagination_repeat``, its kappa against the first imagined
     verdicts): how much of an imagined verdict the actions decide, and how much the world model's sampling noise.
     RL in imagination can only learn what the actions decide."""
@@ -241,14 +322,10 @@ class RealityCheck:
         episodes_per_task: int,
         imagined_env: Any | None = None,
         seeds: Sequence[int] | None = None,
-        temperature: float = 1.0,
-        greedy: bool = False,
-        video_dir: str | Path | None = None,
-        videos_per_task: int = 0,
         keyframe_env: Any | None = None,
-        imagined_actions_in_reality: bool = False,
-        imagination_repeat: bool = False,
+        options: CheckOptions = CheckOptions(),
     ):
+        imagined_actions_in_reality, imagination_repeat = options.imagined_actions_in_reality, options.imagination_repeat
         count = len(tasks) * episodes_per_task
         if real_env.num_envs != count:
             raise ValueError(f"the real evaluation env has {real_env.num_envs} envs; {len(tasks)} tasks x {episodes_per_task} episodes need {count}")
@@ -270,12 +347,9 @@ class RealityCheck:
         self.seeds = list(seeds) if seeds is not None else default
         if len(self.seeds) != count:
             raise ValueError(f"RealityCheck got {len(self.seeds)} seeds for {count} episodes")
-        self.temperature, self.greedy = temperature, greedy
+        self.options = options
         self.labelled: LabelledEpisodes | None = None  # calibrate_judge's real episodes
-        self.video_dir, self.videos_per_task = (Path(video_dir) if video_dir is not None else None), videos_per_task
         self.through_codec = isinstance(real_env, CodecObservations)  # the policy sees reality through the world model's VAE
-        self.imagined_actions_in_reality = imagined_actions_in_reality
-        self.imagination_repeat = imagination_repeat
 
     def _tokens_on_reconstructed(self, policy: Any) -> Callable[[torch.Tensor, list[str]], torch.Tensor] | None:
         """The policy's tokens on frames encoded and decoded by the imagined env's world-model VAE (None without one)."""
@@ -287,7 +361,7 @@ class RealityCheck:
         def tokens(frames: torch.Tensor, instructions: list[str]) -> torch.Tensor:
             device = policy_device(policy)
             with autocast(device):
-                return policy.act(reconstruct(vae, frames).to(device), instructions, temperature=self.temperature, greedy=self.greedy).tokens
+                return policy.act(reconstruct(vae, frames).to(device), instructions, temperature=self.options.temperature, greedy=self.options.greedy).tokens
 
         return tokens
 
@@ -296,11 +370,11 @@ class RealityCheck:
         judge = getattr(self.imagined_env, "judge", None)
         real_env = self.real_env if judge is None else JudgedEnv(self.real_env, judge, getattr(self.imagined_env, "success_chunks", 1))
         first = real_env.reset(self.task_of_episode, self.seeds)
-        real = collect(policy, real_env, first, self.temperature, self.greedy)
+        real = collect(policy, real_env, first, self.options.temperature, self.options.greedy)
         result = {"real": summarize(real.success_once, self.task_of_episode), "real_through_codec": self.through_codec}
         if self.imagined_env is not None:
             start = self.imagined_env.reset_to(first.frames, list(first.instructions))
-            imagined = collect(policy, self.imagined_env, start, self.temperature, self.greedy)
+            imagined = collect(policy, self.imagined_env, start, self.options.temperature, self.options.greedy)
             result["imagined"] = summarize(imagined.success_once, self.task_of_episode)
             # per episode, beyond what each task's success rate alone explains (kappa 0: RL's reward is noise)
             result |= self._versus_real(real.success_once, imagined.success_once)
@@ -313,13 +387,13 @@ class RealityCheck:
                                      for name, verdicts in sources.items()}  # fmt: skip
             # every verdict, one character per episode (in the check's episode order), for paired comparisons later
             verdicts = {"real": real.success_once, "imagined": imagined.success_once} | sources
-            if self.imagined_actions_in_reality:
+            if self.options.imagined_actions_in_reality:
                 self.real_env.reset(self.task_of_episode, self.seeds)
                 acted = replay_in_reality(self.real_env, imagined)
                 # against the imagined verdicts: did what imagination called success (or failure) come true?
                 result["imagined_actions_in_reality"] = summarize(acted, self.task_of_episode) | self._versus_real(imagined.success_once, acted)
                 verdicts["imagined_actions_in_reality"] = acted
-            if self.imagination_repeat:
+            if self.options.imagination_repeat:
                 # the same actions from the same frames under other world-model noise: kappa near 1, the imagined verdict is
                 # the actions' (RL can learn it, right or wrong); near 0, it is the noise's (RL's reward is a coin)
                 again = replay(self.imagined_env, first, imagined, noise_seed_offset=len(self.seeds)).success
@@ -327,14 +401,14 @@ class RealityCheck:
                 verdicts["imagination_repeat"] = again
             if self.keyframe_env is not None:
                 start = self.keyframe_env.reset(list(first.instructions), self.seeds)
-                from_keyframes = collect(policy, self.keyframe_env, start, self.temperature, self.greedy)
+                from_keyframes = collect(policy, self.keyframe_env, start, self.options.temperature, self.options.greedy)
                 share = self.keyframe_env.started_from_keyframe.float().mean().item()
                 result["imagined_keyframes"] = summarize(from_keyframes.success_once, self.task_of_episode) | {"keyframe_starts": share}
                 verdicts["imagined_keyframes"] = from_keyframes.success_once
             result["per_episode"] = {name: "".join("1" if v else "0" for v in outcome.tolist()) for name, outcome in verdicts.items()}
-            if self.imagined_actions_in_reality:  # did the actions chosen on imagined frames do better than those chosen on real ones?
+            if self.options.imagined_actions_in_reality:  # did the actions chosen on imagined frames do better than those chosen on real ones?
                 result["imagined_actions_in_reality"]["versus_closed_loop"] = paired_changes(result, result, "real", "imagined_actions_in_reality")
-            if self.video_dir is not None and self.videos_per_task > 0:
+            if self.options.video_dir is not None and self.options.videos_per_task > 0:
                 self._write_videos(real, replayed, imagined, tag)
         return result
 
@@ -355,7 +429,7 @@ class RealityCheck:
         :meth:`recalibrate_judge`.
         Returns the threshold, the one it replaced and the kappa of each."""
         first = self.real_env.reset(self.task_of_episode, self.seeds)
-        real = collect(policy, self.real_env, first, self.temperature, self.greedy)
+        real = collect(policy, self.real_env, first, self.options.temperature, self.options.greedy)
         self.labelled = LabelledEpisodes(first, real.actions, real.done, real.success_once)
         return self.recalibrate_judge(tolerance_se, significance_se, per_task)
 
@@ -428,7 +502,7 @@ class RealityCheck:
         written: dict[str, int] = {}
         for i, task in enumerate(self.task_of_episode):
             number = written.get(task, 0)
-            if number >= self.videos_per_task:
+            if number >= self.options.videos_per_task:
                 continue
             written[task] = number + 1
             real_frames = episode_frames(real, i)
@@ -437,4 +511,4 @@ class RealityCheck:
                 caption(replayed.images[i, : len(real_frames)].cpu(), "replay", bool(replayed.success[i])),  # the real episode's chunks
                 caption(episode_frames(imagined, i), "imagined", bool(imagined.success_once[i])),
             )
-            write_mp4(self.video_dir / f"{tag}_{task}_{number:02d}.mp4", video, fps=4)
+            write_mp4(self.options.video_dir / f"{tag}_{task}_{number:02d}.mp4", video, fps=4)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from worldloop.envs.judging import ChunkVerdicts
-from worldloop.envs.protocol import EnvReset, EnvStep, check_actions
+from worldloop.envs.protocol import REWARD_SCALE, EnvReset, EnvStep, check_actions
 
 MEMORY_FRAMES = 4
 """Frames of memory the world model's context holds after the anchor: [o_0, last 4 frames]."""
@@ -133,7 +133,7 @@ class ImaginedEnv:
         num_envs: int,
         group_size: int = 8,
         max_steps: int = 200,
-        reward_scale: float = 5.0,
+        reward_scale: float = REWARD_SCALE,
         kir_ratio: float = 0.5,
         device: str | torch.device = "cpu",
         success_chunks: int = 1,

@@ -19,6 +19,9 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 
+REWARD_SCALE = 5.0
+"""c in every environment's chunk reward c * (R_after - R_before), R = 1 once the episode has succeeded (WoVR's c)."""
+
 
 @dataclass
 class EnvReset:

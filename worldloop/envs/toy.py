@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from worldloop.envs.protocol import EnvReset, EnvStep, check_actions
+from worldloop.envs.protocol import REWARD_SCALE, EnvReset, EnvStep, check_actions
 from worldloop.rewards.protocol import judged_success
 
 TARGETS = {
@@ -74,7 +74,7 @@ class ToyEnv:
         max_steps: int = 16,
         speed: float = 0.08,
         radius: float = 0.12,
-        reward_scale: float = 5.0,
+        reward_scale: float = REWARD_SCALE,
         device: str | torch.device = "cpu",
     ):
         unknown = [t for t in tasks if t not in TARGETS]

@@ -26,7 +26,7 @@ def bench_policy(args, config) -> int:
     device = resolve_device(config.device)
     size = config.sim.image_size
     torch.manual_seed(0)
-    tokenizer = ActionTokenizer.fit(torch.rand(256, ACTION_DIM) * 2 - 1, config.policy.norm_percentiles, config.policy.num_bins)
+    tokenizer = ActionTokenizer.fit(torch.rand(256, ACTION_DIM) * 2 - 1, num_bins=config.policy.num_bins)
     policy = CompactVLA(config.policy, ACTION_DIM, size, tokenizer)
     texts = [instruction(t) for t in resolve_tasks(config.sim)]
     policy.add_instructions(texts)

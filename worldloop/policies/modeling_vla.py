@@ -31,6 +31,10 @@ from worldloop.policies.tokenizer import NORM_STATS_NAME, ActionTokenizer
 
 KIND = "compact_vla"
 """The ``kind`` entry of a CompactVLA's config.json."""
+MLP_RATIO = 4.0
+"""Hidden width of each transformer block's MLP, as a multiple of the width."""
+MAX_INSTRUCTION_TOKENS = 16
+"""Instruction word pieces kept from the language encoder (longer instructions are cut)."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -144,10 +148,10 @@ class CompactVLA(nn.Module):
         self.image_proj = nn.Linear(config.vision_widths[-1], width)
         self.image_pos = nn.Parameter(torch.randn(1, grid * grid, width) * 0.02)
         self.text_proj = nn.Linear(text_dim, width)
-        self.text_pos = nn.Parameter(torch.randn(1, config.max_instruction_tokens, width) * 0.02)
+        self.text_pos = nn.Parameter(torch.randn(1, MAX_INSTRUCTION_TOKENS, width) * 0.02)
         self.action_queries = nn.Parameter(torch.randn(1, num_queries, width) * 0.02)
         self.instruction_to_queries = nn.Linear(text_dim, width)
-        self.blocks = nn.ModuleList(Block(width, config.heads, config.mlp_ratio) for _ in range(config.depth))
+        self.blocks = nn.ModuleList(Block(width, config.heads, MLP_RATIO) for _ in range(config.depth))
         self.norm = nn.LayerNorm(width)
         self.action_head = nn.Linear(width, config.num_bins)
         self.value_query = nn.Parameter(torch.randn(1, 1, width) * 0.02) if config.value_head else None
@@ -155,8 +159,8 @@ class CompactVLA(nn.Module):
 
         # Frozen instruction embeddings, cached per instruction string (saved with the weights).
         self.instructions: list[str] = list(instructions)
-        self.register_buffer("instruction_embeddings", torch.zeros(len(self.instructions), config.max_instruction_tokens, text_dim))
-        self.register_buffer("instruction_mask", torch.zeros(len(self.instructions), config.max_instruction_tokens, dtype=torch.bool))
+        self.register_buffer("instruction_embeddings", torch.zeros(len(self.instructions), MAX_INSTRUCTION_TOKENS, text_dim))
+        self.register_buffer("instruction_mask", torch.zeros(len(self.instructions), MAX_INSTRUCTION_TOKENS, dtype=torch.bool))
         if config.vision_weights and load_vision_weights:
             self._load_vision_weights(config.vision_weights)
 
@@ -180,7 +184,7 @@ class CompactVLA(nn.Module):
         from worldloop.policies.language import encode_instructions
 
         try:
-            embeddings, mask = encode_instructions(new, self.config.max_instruction_tokens, self.config.language_model)
+            embeddings, mask = encode_instructions(new, MAX_INSTRUCTION_TOKENS, self.config.language_model)
         except ImportError as error:
             raise ValueError(
                 f"instruction {new[0]!r} is not cached in this policy (cached: {self.instructions}) and the language "
@@ -308,7 +312,7 @@ class CompactVLA(nn.Module):
             if key not in saved:
                 raise ValueError(f"{Path(folder) / 'config.json'} has no '{key}' entry; it is not a complete CompactVLA config")
         tokenizer = ActionTokenizer.load(folder)
-        config = from_dict(PolicyConfig, saved["policy"], "policy.")
+        config = from_dict(PolicyConfig, saved["policy"], "policy.", saved=True)
         if tokenizer.action_dim != saved["action_dim"]:
             raise ValueError(f"{Path(folder) / NORM_STATS_NAME} has {tokenizer.action_dim} dimensions but the model acts in {saved['action_dim']}")
         model = cls(config, saved["action_dim"], saved["image_size"], tokenizer, saved["instructions"], saved["text_dim"], load_vision_weights=False)

@@ -5,8 +5,8 @@ the episode's last action; the loss is the cross-entropy of the K x A action tok
 bottom, :func:`fit_policy` is the whole algorithm:
 
     fit the action tokenizer on the training actions -> build the policy -> AdamW + warm-up/cosine
-    -> loop: sample a batch, random shift (and blur), forward (bf16 on GPU), token cross-entropy, step
-       every eval_every: held-out loss and token accuracy; every checkpoint_every: a resume point
+    -> loop: sample a batch, random shift (and VAE-reconstructed frames), forward (bf16 on GPU), token cross-entropy, step
+       every eval_every: held-out loss and token accuracy, and a resume point
     -> the model folder (config.json, model.safetensors, norm_stats.json) in OUT.
 
 All frames and targets are held in memory on the training device (uint8), so a step never waits
@@ -34,8 +34,12 @@ import torch.nn.functional as F
 
 from worldloop.policies.modeling_vla import CompactVLA
 from worldloop.policies.tokenizer import ActionTokenizer
-from worldloop.rewards.augment import gaussian_blur
 from worldloop.worldmodel.vae import reconstruct, world_model_vae
+
+WEIGHT_DECAY = 0.01
+"""AdamW weight decay of fine-tuning."""
+GRAD_CLIP = 1.0
+"""Gradient-norm clip of fine-tuning."""
 
 
 class EpisodeLike(Protocol):
@@ -125,13 +129,6 @@ def random_reconstructed(images: torch.Tensor, reconstructed: torch.Tensor, prob
     return torch.where(swap[:, None, None, None], reconstructed, images)
 
 
-def random_blur(images: torch.Tensor, prob: float, generator: torch.Generator) -> torch.Tensor:
-    """Gaussian-blur a random ``prob`` share of uint8 frames (B, H, W, 3), like a world model's output."""
-    floats = images.permute(0, 3, 1, 2).float() / 255.0
-    blurred = gaussian_blur(floats, prob, generator=generator)
-    return (blurred * 255.0).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
-
-
 def evenly_spaced(count: int, limit: int) -> torch.Tensor:
     """At most ``limit`` indices spread evenly over ``range(count)``."""
     return torch.linspace(0, count - 1, min(limit, count)).round().long().unique()
@@ -217,7 +214,7 @@ def fit_policy(
     held_out_total = 0 if held_out is None else len(held_out)
     if held_out is not None:  # the fixed, evenly spaced subset every evaluation scores
         held_out = held_out.subset(evenly_spaced(len(held_out), sft.held_out_samples))
-    tokenizer = ActionTokenizer.fit(train.chunks[:, 0], config.policy.norm_percentiles, config.policy.num_bins)
+    tokenizer = ActionTokenizer.fit(train.chunks[:, 0], num_bins=config.policy.num_bins)
     if tuple(train.frames.shape[1:]) != (image_size, image_size, 3) or train.chunks.shape[-1] != action_dim:
         raise ValueError(f"episodes have frames {tuple(train.frames.shape[1:])} and {train.chunks.shape[-1]}-d actions; expected {image_size}x{image_size} and {action_dim}")
     if world_model is not None:  # reconstructions made once, before training: a step never waits for the VAE
@@ -238,7 +235,7 @@ def fit_policy(
         held_out = held_out.to(device)
         held_out_tokens = tokenizer.encode(held_out.chunks)
 
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=sft.lr, weight_decay=sft.weight_decay, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=sft.lr, weight_decay=WEIGHT_DECAY, betas=(0.9, 0.95))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, sft.warmup_steps, sft.steps))
     sampler = torch.Generator().manual_seed(config.seed)
     stateful = {"optimizer": optimizer, "scheduler": scheduler, "sampler": sampler}
@@ -265,8 +262,6 @@ def fit_policy(
             images = random_reconstructed(images, train.reconstructed[index.to(device)], sft.augment_codec, sampler)
         if sft.augment_shift:
             images = random_shift(images, sft.augment_shift, sampler)
-        if sft.augment_blur:
-            images = random_blur(images, sft.augment_blur, sampler)
         index = index[mine]
         batch_instructions = [instructions[i] for i in train.instruction_ids[index.to(device)].tolist()]
         with _autocast(device):
@@ -276,8 +271,7 @@ def fit_policy(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         distributed.average_gradients(policy.parameters())
-        if sft.grad_clip:
-            torch.nn.utils.clip_grad_norm_(policy.parameters(), sft.grad_clip)
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), GRAD_CLIP)
         optimizer.step()
         scheduler.step()
 
@@ -290,7 +284,7 @@ def fit_policy(
             metrics = held_out_metrics(policy, held_out, held_out_tokens, sft.batch_size)
             for name, value in metrics.items():
                 writer.add_scalar(f"held_out/{name}", value, done)
-        if done % sft.checkpoint_every == 0 or done == end:  # the last step too: a rerun of a finished run trains no step again
+        if done % sft.eval_every == 0 or done == end:  # the last step too: a rerun of a finished run trains no step again
             save_checkpoint(out, done, {"model": policy}, stateful, extra={"train_loss": last_loss})
     progress.close()
     writer.close()

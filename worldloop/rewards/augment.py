@@ -75,8 +75,10 @@ def pixel_noise(images: torch.Tensor, max_std: float) -> torch.Tensor:
     return (images + torch.randn_like(images) * std).clamp(0.0, 1.0)
 
 
-def world_model_artefacts(images: torch.Tensor, blur_prob: float, jitter: float, noise_std: float) -> torch.Tensor:
-    """Shift, colour jitter, blur and noise, in that order."""
+def world_model_artefacts(images: torch.Tensor, blur_prob: float = 0.5, jitter: float = 0.2, noise_std: float = 0.03) -> torch.Tensor:
+    """Shift, colour jitter, blur and noise, in that order: a Gaussian blur (sigma in [0.1, 1.5] px) on a
+    ``blur_prob`` share of the images, brightness, contrast and saturation changed by up to ``jitter``
+    (relative), additive pixel noise of std drawn in [0, noise_std] on the [0, 1] scale."""
     images = random_shift(images)
     images = colour_jitter(images, jitter)
     images = gaussian_blur(images, blur_prob)

@@ -42,32 +42,21 @@ class ClassifierTrainingConfig:
     """Frames per training batch (half success, half failure: class-balanced sampling)."""
     lr: float = 3e-4
     """AdamW learning rate."""
-    weight_decay: float = 1e-4
-    """AdamW weight decay."""
     held_out_fraction: float = 0.2
     """Fraction of each task's episodes kept out of training for the metrics in RW/metrics.json."""
     eval_every: int = 100
     """Steps between held-out evaluations (TensorBoard) and checkpoints."""
     augment: bool = True
-    """Train on frames degraded like world-model output: blur, colour jitter, noise, small shifts."""
-    blur_prob: float = 0.5
-    """Probability that a training frame is Gaussian-blurred (sigma drawn in [0.1, 1.5] px)."""
-    jitter: float = 0.2
-    """Strength of the random brightness, contrast and saturation change (relative, 0 = off)."""
-    noise_std: float = 0.03
-    """Std of additive Gaussian pixel noise on the [0, 1] scale (drawn per frame in [0, noise_std])."""
-    max_frames: int = 200000
-    """Cap on labelled frames held in memory (uint8); episodes beyond it are not read."""
+    """Train on frames degraded like world-model output: blur, colour jitter, noise, small shifts
+    (worldloop.rewards.augment.world_model_artefacts)."""
 
     def validate(self) -> None:
-        if self.steps < 1 or self.batch_size < 2 or self.eval_every < 1 or self.max_frames < 2:
-            raise ValueError("training: steps >= 1, batch_size >= 2, eval_every >= 1, max_frames >= 2 are required")
+        if self.steps < 1 or self.batch_size < 2 or self.eval_every < 1:
+            raise ValueError("training: steps >= 1, batch_size >= 2 and eval_every >= 1 are required")
         if self.threshold_from not in ("fixed", "max_f1", "youden", "episode_kappa"):
             raise ValueError(f"training: threshold_from must be 'fixed', 'max_f1', 'youden' or 'episode_kappa', got {self.threshold_from!r}")
-        if not 0 <= self.held_out_fraction < 1 or not 0 <= self.blur_prob <= 1:
-            raise ValueError("training: 0 <= held_out_fraction < 1 and 0 <= blur_prob <= 1 are required")
-        if self.lr <= 0 or self.weight_decay < 0 or self.jitter < 0 or self.noise_std < 0:
-            raise ValueError("training: lr > 0 and weight_decay, jitter, noise_std >= 0 are required")
+        if not 0 <= self.held_out_fraction < 1 or self.lr <= 0:
+            raise ValueError("training: 0 <= held_out_fraction < 1 and lr > 0 are required")
 
 
 @dataclass
@@ -78,14 +67,12 @@ class TOPRewardConfig:
     """exp(score) = P(" True") at or above which a window counts as success (0.46 in the seed)."""
     window: int = 16
     """Frames per judged window (previous and current chunk); all of them reach the model."""
-    video_fps: float = 2.0
-    """Frame rate the window's timestamps claim in the prompt ('<0.2 seconds>' ...), in frames per second."""
     max_batch: int = 32
     """Largest number of windows in one forward pass; bigger batches are split (bounds GPU memory)."""
 
     def validate(self) -> None:
-        if not 0 < self.threshold < 1 or self.window < 2 or self.window % 2 or self.video_fps <= 0 or self.max_batch < 1:
-            raise ValueError("topreward: 0 < threshold < 1, an even window >= 2, video_fps > 0 and max_batch >= 1 are required")
+        if not 0 < self.threshold < 1 or self.window < 2 or self.window % 2 or self.max_batch < 1:
+            raise ValueError("topreward: 0 < threshold < 1, an even window >= 2 and max_batch >= 1 are required")
 
 
 @dataclass

@@ -25,6 +25,9 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import torch
 
+MAX_FRAMES = 200_000
+"""Labelled frames train-reward holds in memory at most."""
+
 NO_POSITIVE_HINT = (
     "no success-labelled frame: an episode's success flag describes the frame AFTER its action, and "
     "episodes that end at their first success never store that frame; collect with "
@@ -76,8 +79,9 @@ class LabelledFrames:
         )
 
 
-def labelled_frames(episodes: Iterable[Any], instructions: list[str], max_frames: int = 10**9) -> LabelledFrames:
-    """Every labelled frame of ``episodes`` (up to ``max_frames``); ``instructions`` fixes the task indices."""
+def labelled_frames(episodes: Iterable[Any], instructions: list[str], max_frames: int = MAX_FRAMES) -> LabelledFrames:
+    """Every labelled frame of ``episodes`` (up to ``max_frames``, held in memory as uint8; episodes beyond it
+    are not read); ``instructions`` fixes the task indices."""
     index = {text: i for i, text in enumerate(instructions)}
     frames, success, task, episode_ids, times = [], [], [], [], []
     total = 0

@@ -11,7 +11,7 @@ Success is ``exp(score) >= threshold`` (0.46 in the seed).
 
 Pitfall handled here: given bare frames, the Qwen3-VL processor re-samples the video at its
 ``fps`` (2) from a guessed 24 fps and keeps 4 of 16 frames. We pass ``video_metadata`` (all 16
-frame indices, ``video_fps``) and ``do_sample_frames=False``, so all 16 frames reach the model
+frame indices, ``VIDEO_FPS``) and ``do_sample_frames=False``, so all 16 frames reach the model
 (``video_grid_thw[:, 0] == window / temporal_patch_size``, checked on every call).
 
 All windows go through one processor call and one forward pass (split at ``max_batch``), left-padded
@@ -33,6 +33,8 @@ PROMPT = (
     "{instruction} Decide whether the above statement is True or not. The answer is:"
 )
 ANSWER = " True"
+VIDEO_FPS = 2.0
+"""Frame rate the window's timestamps claim in the prompt ('<0.2 seconds>' ...), in frames per second."""
 
 
 class TOPReward:
@@ -77,7 +79,7 @@ class TOPReward:
         """Processor inputs for (B, window, H, W, 3) uint8 windows; every frame is kept."""
         frames = windows.to(self.device).permute(0, 1, 4, 2, 3)  # (B, T, 3, H, W), the processor's native layout
         metadata = [
-            {"total_num_frames": self.window, "fps": self.config.video_fps, "frames_indices": list(range(self.window))}
+            {"total_num_frames": self.window, "fps": VIDEO_FPS, "frames_indices": list(range(self.window))}
         ] * len(instructions)
         inputs = self.processor(
             text=self.prompts(instructions),

@@ -28,6 +28,9 @@ from worldloop.utils.checkpoint import announce_resume, latest_checkpoint, load_
 from worldloop.utils.device import autocast_dtype
 from worldloop.utils.io import atomic_write_json
 
+WEIGHT_DECAY = 1e-4
+"""AdamW weight decay of the classifier's training."""
+
 
 @torch.no_grad()
 def predict(model: SuccessClassifier, data: LabelledFrames, batch_size: int = 256) -> np.ndarray:
@@ -115,7 +118,7 @@ def train_classifier(
         model.load_backbone(architecture.pretrained_backbone)
     model.to(device)
     distributed.broadcast_parameters(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=WEIGHT_DECAY)
     step = 0
     checkpoint = latest_checkpoint(out)
     if checkpoint is not None:
@@ -134,7 +137,7 @@ def train_classifier(
         index = balanced_batch(positives, negatives, config.batch_size)  # the global batch; this rank trains on ``mine``
         images = model.prepare(data.frames[index])
         if config.augment:
-            images = world_model_artefacts(images, config.blur_prob, config.jitter, config.noise_std)
+            images = world_model_artefacts(images)
         index, images = index[mine], images[mine]
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             logits = model(images, data.task[index])

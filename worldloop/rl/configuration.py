@@ -131,8 +131,6 @@ class RLConfig:
     iteration's remaining minibatches and epochs are skipped (actor/update_steps counts the steps taken). The
     first minibatch always steps, so one step can still overshoot; the warm-up counts only the steps taken.
     null: every epoch runs."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm (actor/grad_norm is the norm before clipping)."""
     clip_low: float = 0.2
@@ -147,10 +145,6 @@ class RLConfig:
     """PPO: discount per chunk in GAE."""
     gae_lambda: float = 0.95
     """PPO: GAE lambda."""
-    value_clip: float = 0.2
-    """PPO: clip range of the value update around the rollout's value estimate."""
-    value_coef: float = 0.5
-    """PPO: weight of the value loss."""
     eval_every: int = 10
     """Real-simulator evaluation (and the imagined one from the same initial states) every this many iterations; 0: only before and after training."""
     eval_tasks: list[str] = field(default_factory=list)
@@ -166,16 +160,11 @@ class RLConfig:
     while real success fell; worldloop/rl/refine.py). It spends real episodes; OUT/refine keeps their clips, OUT/world_model the refined world model.
     0: never, RL in imagination alone (--env imagined only)."""
     refine_episodes_per_task: int = 8
-    """Real episodes per training task in each refinement round."""
+    """Real episodes per training task in each refinement round; the loop's PACE stage (loop.pace) collects as many
+    real rollouts of the stage-1 policy per task for WM Evo."""
     refine_steps: int = 200
-    """DiT optimizer steps per refinement round (batches of world_model.batch_size clips)."""
-    refine_lr: float = 1e-4
-    """AdamW learning rate of the refinement (constant; train-wm's schedule ends at 10 % of world_model.lr)."""
-    refine_ema_decay: float = 0.99
-    """Decay per refinement step of the exponential moving average of the refined DiT, which the imagined environment
-    samples from and OUT/world_model keeps (train-wm samples from its EMA too, world_model.ema_decay); 0.99 averages
-    over ~100 of a round's steps. 0: the raw weights of the last step (the 2026-12-02 refinement-ab run's refinement,
-    whose imagination turned pessimistic)."""
+    """DiT optimizer steps per refinement round (batches of world_model.batch_size clips); the loop's WM Evo trains as
+    many steps of train-wm on from WM Base."""
     time_limit_min: float = 0.0
     """Wall-clock budget of a run in minutes, its first and final evaluations included: the current iteration is
     the last (final evaluation, checkpoint and policy as usual) once another one, as slow as the slowest so far, and
@@ -184,16 +173,8 @@ class RLConfig:
     """Extra measurements, stop rules and the control arm (each off by default)."""
     checkpoint_every: int = 10
     """Save an atomic checkpoint every this many iterations (and at the end)."""
-    keep_checkpoints: int = 2
-    """Newest checkpoints kept on disk."""
-    kir_lead_frames: int = 4
-    """KIR: a gripper change or contact at frame t gives the keyframe t - kir_lead_frames (the moment before it)."""
-    kir_max_per_episode: int = 4
-    """KIR: at most this many keyframes per episode (evenly chosen among the candidates)."""
     kir_failure_episodes_per_task: int = 4
     """KIR with --policy: real rollouts of the policy per task whose failures give keyframes."""
-    kir_failure_stride: int = 16
-    """KIR with --policy: in a failed rollout, one keyframe every this many frames (plus its gripper changes)."""
 
     def validate(self) -> None:
         if self.iterations < 0 or self.group_size < 1 or self.num_groups < 1 or self.max_steps < 1:
@@ -217,30 +198,24 @@ class RLConfig:
             raise ValueError(f"train_temperature must be > 0, got {self.train_temperature}")
         if self.update_epochs < 1 or self.num_minibatches < 1:
             raise ValueError("update_epochs and num_minibatches must be >= 1")
-        if self.lr <= 0 or self.max_grad_norm <= 0 or self.weight_decay < 0:
-            raise ValueError("lr > 0, max_grad_norm > 0 and weight_decay >= 0 are required")
+        if self.lr <= 0 or self.max_grad_norm <= 0:
+            raise ValueError("lr > 0 and max_grad_norm > 0 are required")
         if self.lr_warmup_steps < 0:
             raise ValueError(f"lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
         if self.target_kl is not None and self.target_kl <= 0:
             raise ValueError(f"target_kl must be > 0 or null, got {self.target_kl}")
-        if not (0 < self.clip_low < 1 and self.clip_high > 0 and self.value_clip > 0):
-            raise ValueError("0 < clip_low < 1, clip_high > 0 and value_clip > 0 are required")
+        if not (0 < self.clip_low < 1 and self.clip_high > 0):
+            raise ValueError("0 < clip_low < 1 and clip_high > 0 are required")
         self.diagnostics.validate()
         if self.time_limit_min < 0:
             raise ValueError(f"time_limit_min must be >= 0, got {self.time_limit_min}")
-        if self.entropy_coef < 0 or self.kl_coef < 0 or self.value_coef < 0:
-            raise ValueError("entropy_coef, kl_coef and value_coef must be >= 0")
+        if self.entropy_coef < 0 or self.kl_coef < 0:
+            raise ValueError("entropy_coef and kl_coef must be >= 0")
         if not (0 < self.gamma <= 1 and 0 <= self.gae_lambda <= 1):
             raise ValueError("0 < gamma <= 1 and 0 <= gae_lambda <= 1 are required")
         if min(self.eval_every, self.eval_episodes_per_task) < 0:
             raise ValueError("eval_every and eval_episodes_per_task must be >= 0")
-        if self.refine_every < 0 or self.refine_episodes_per_task < 1 or self.refine_steps < 0 or self.refine_lr <= 0:
-            raise ValueError("refine_every >= 0, refine_episodes_per_task >= 1, refine_steps >= 0 and refine_lr > 0 are required")
-        if not 0.0 <= self.refine_ema_decay < 1.0:
-            raise ValueError(f"refine_ema_decay must lie in [0, 1), got {self.refine_ema_decay}")
-        if self.checkpoint_every < 1 or self.keep_checkpoints < 1:
-            raise ValueError("checkpoint_every >= 1 and keep_checkpoints >= 1 are required")
-        if self.kir_lead_frames < 0 or self.kir_max_per_episode < 1:
-            raise ValueError("kir_lead_frames >= 0 and kir_max_per_episode >= 1 are required")
-        if self.kir_failure_episodes_per_task < 0 or self.kir_failure_stride < 1:
-            raise ValueError("kir_failure_episodes_per_task >= 0 and kir_failure_stride >= 1 are required")
+        if self.refine_every < 0 or self.refine_episodes_per_task < 1 or self.refine_steps < 1:
+            raise ValueError("refine_every >= 0, refine_episodes_per_task >= 1 and refine_steps >= 1 are required")
+        if self.checkpoint_every < 1 or self.kir_failure_episodes_per_task < 0:
+            raise ValueError("checkpoint_every >= 1 and kir_failure_episodes_per_task >= 0 are required")

@@ -171,7 +171,7 @@ def evaluate_policy(
         "observed_through": None if world_model is None else str(world_model),
     }
     if out is not None:
-        write_results(results, out, {j: (jobs[j], bool(success[j]), clip) for j, clip in videos.items()}, ev.video_fps)
+        write_results(results, out, {j: (jobs[j], bool(success[j]), clip) for j, clip in videos.items()}, config.collect.fps)
     return results
 
 

@@ -5,11 +5,11 @@ Keyframes come from two sources:
 - successful demonstrations of a dataset: the moment before each gripper change (the sign of
   ``action[3]``, Meta-World's gripper command, flips) and before each contact (the first object's
   position, ``state[4:7]`` in Meta-World's observation, starts to move), up to the first success;
-- with a policy: its real rollouts that failed, one state every ``kir_failure_stride`` frames and
+- with a policy: its real rollouts that failed, one state every ``FAILURE_STRIDE`` frames and
   before each of its gripper changes (the states the policy reaches and does not get out of); the
   rollouts are run here, or read from a dataset that already holds them (``kir --failures``).
 
-"The moment before" an event at frame t is frame t - ``kir_lead_frames``. Each keyframe keeps the 4
+"The moment before" an event at frame t is frame t - ``LEAD_FRAMES``. Each keyframe keeps the 4
 frames before it (memory for the world model's context, the first frame repeated when the episode is
 younger), the actions that produced the last 4 frames up to it, and its episode's first frame (the
 world model's anchor).
@@ -25,6 +25,12 @@ import numpy as np
 
 from worldloop.data.keyframes import MEMORY, load_keyframes, write_keyframes  # noqa: F401  (load_keyframes: re-exported)
 
+LEAD_FRAMES = 4
+"""A gripper change or contact at frame t gives the keyframe t - LEAD_FRAMES (the moment before it)."""
+MAX_PER_EPISODE = 4
+"""At most this many keyframes per episode (evenly chosen among the candidates)."""
+FAILURE_STRIDE = 16
+"""In a failed rollout, one keyframe every this many frames (plus its gripper changes)."""
 GRIPPER = 3
 """Index of the gripper command in the action (Meta-World: xyz delta, gripper)."""
 OBJECT = slice(4, 7)

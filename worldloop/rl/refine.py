@@ -14,7 +14,7 @@ does it every ``rl.refine_every`` iterations of one run:
 3. the DiT (an fp32 copy: the inference copy is bf16 on the GPU, too coarse for small steps) takes
    ``rl.refine_steps`` AdamW steps of its own flow-matching loss on batches drawn half from every round's
    rollouts so far, half from the dataset's training episodes of the same tasks (what it knew, so that it
-   does not forget the scenes); an exponential moving average of its weights (``rl.refine_ema_decay``, as
+   does not forget the scenes); an exponential moving average of its weights (``REFINE_EMA_DECAY``, as
    ``train-wm`` samples from its EMA) replaces the imagined environment's DiT.
 
 With ``rl.judge_threshold=replay``, the judge's threshold is then chosen again on the calibration's real
@@ -51,6 +51,12 @@ from worldloop.worldmodel.configuration import WorldModelConfig
 
 REFINE = "refine"
 MAX_DATASET_EPISODES_PER_TASK = 50  # the "what it knew" half: enough scenes per task, a bounded encoding cost
+REFINE_LR = 1e-4
+"""AdamW learning rate of the refinement (constant; train-wm's schedule ends at 10 % of world_model.lr)."""
+REFINE_EMA_DECAY = 0.99
+"""Decay per refinement step of the moving average of the refined DiT that the imagined environment samples from
+and OUT/world_model keeps: ~100 of a round's steps. The raw weights of the last step (0) turned the 2026-12-02
+refinement-ab run's imagination pessimistic."""
 
 
 @dataclass
@@ -96,7 +102,11 @@ class WorldModelRefiner:
         seed: int = 0,
         seed_offset: int = 2**31,
         calibrate: CalibrateConfig | None = None,
+        lr: float = REFINE_LR,
+        ema_decay: float = REFINE_EMA_DECAY,
     ):
+        if not 0.0 <= ema_decay < 1.0:
+            raise ValueError(f"the refinement's ema_decay must lie in [0, 1), got {ema_decay}")
         per_task = rl.refine_episodes_per_task
         if real_env.num_envs != len(tasks) * per_task:
             raise ValueError(f"the refinement's real environment has {real_env.num_envs} envs; {len(tasks)} tasks x rl.refine_episodes_per_task {per_task} are needed")
@@ -110,10 +120,10 @@ class WorldModelRefiner:
         self.clip_config = dataclasses.replace(world_model_config, chunk_size=int(spec["chunk_size"]), memory_frames=int(spec["memory_frames"]),
                                                reference_frame=bool(spec["reference_frame"]),
                                                action_dropout=float(spec.get("action_dropout", 0.0)))  # fmt: skip
-        self.device = world_model.device
+        self.device, self.ema_decay = world_model.device, ema_decay
         self.master = copy.deepcopy(world_model.dit).float().eval()
         self.ema = copy.deepcopy(self.master).requires_grad_(False)  # what the imagined environment samples from
-        self.optimizer = torch.optim.AdamW(self.master.parameters(), lr=rl.refine_lr, weight_decay=world_model_config.weight_decay, betas=(0.9, 0.99))
+        self.optimizer = torch.optim.AdamW(self.master.parameters(), lr=lr, weight_decay=world_model_config.weight_decay, betas=(0.9, 0.99))
         self.modules = {"world_model": self.master, "world_model_ema": self.ema}
         self.stateful = {"world_model_optimizer": self.optimizer}
         self.rounds: list[dict[str, torch.Tensor]] = []  # every round's clips: latents (M, C, 4, h, w), actions (M, 13, A) raw
@@ -219,7 +229,7 @@ class WorldModelRefiner:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.master.parameters(), self.clip_config.grad_clip)
             self.optimizer.step()
-            ema_step(self.ema, self.master, self.rl.refine_ema_decay)
+            ema_step(self.ema, self.master, self.ema_decay)
             losses.append(float(loss.detach()))
         self.master.eval()
         return float(np.mean(losses)) if losses else float("nan")
@@ -245,9 +255,11 @@ class WorldModelRefiner:
             target.copy_(source)
 
 
-def world_model_refiner(config: Any, world_model: Any, dataset: Any, tasks: list[str], out: str | Path) -> WorldModelRefiner:
+def world_model_refiner(config: Any, world_model: Any, dataset: Any, tasks: list[str], out: str | Path, calibration: Any = None) -> WorldModelRefiner:
     """rl.refine_every: the world model learns from the policy's real rollouts on ``tasks`` during RL, and keeps
-    the dataset's training episodes of those tasks (the world model's split) in view. ``config``: the run's Config."""
+    the dataset's training episodes of those tasks (the world model's split) in view. ``config``: the run's Config.
+    ``calibration`` (rl.judge_threshold=replay: the RealityCheck that chose the judge's threshold) chooses it again
+    in each refined world model, from its labelled episodes."""
     train_indices, _ = split_episodes(dataset, held_out_fraction=config.world_model.held_out_fraction, seed=config.seed)
     wanted = {instruction(task): MAX_DATASET_EPISODES_PER_TASK for task in tasks}
     task_of, chosen = dataset.task_indices, []
@@ -257,5 +269,11 @@ def world_model_refiner(config: Any, world_model: Any, dataset: Any, tasks: list
             wanted[text] -= 1
             chosen.append(index)
     real_env = make_env(config, len(tasks) * config.rl.refine_episodes_per_task, tasks=tasks)
-    return WorldModelRefiner(world_model, real_env, tasks, dataset.episodes(chosen), config.rl, config.world_model, out,
-                             seed=config.seed, seed_offset=config.eval.seed_offset, calibrate=config.reward.calibrate)  # fmt: skip
+    refiner = WorldModelRefiner(world_model, real_env, tasks, dataset.episodes(chosen), config.rl, config.world_model, out,
+                                seed=config.seed, seed_offset=config.eval.seed_offset, calibrate=config.reward.calibrate)  # fmt: skip
+    if calibration is not None and calibration.labelled is not None:
+        refiner.judge_check = calibration
+    elif calibration is not None:
+        print("rl: the judge's calibration episodes were not saved (a run begun before they were): its threshold stays as "
+              "calibrated through the refinement rounds")  # fmt: skip
+    return refiner

@@ -16,17 +16,11 @@ One iteration, top to bottom (:func:`train`):
    learns from the policy's own real rollouts;
 7. the monitor, when given, watches: reality checks, warnings, stop rules and the time budget
    (:class:`worldloop.diagnostics.monitor.RunMonitor`; this module does not import it); atomic checkpoints
-   that resume exactly.
+   that resume exactly (the bookkeeping: :class:`worldloop.rl.run.RLRun`).
 
 The environment is anything with the :class:`~worldloop.envs.protocol.VecEnv` protocol: the
 imagined environment (RL in the world model), the real simulator (the GRPO-in-reality baseline)
 or the toy world of the tests.
-
-Under torchrun (:mod:`worldloop.utils.distributed`) each rank runs rl.num_groups / (number of ranks) whole groups in
-its own environments (a group never straddles ranks, so its advantages need no communication), samples from its own
-random stream, and takes the same number of minibatch steps as every other rank, the gradients averaged over the
-ranks. Rank 0 alone watches the run (the monitor's reality checks and stop rules, whose decisions it sends to the
-others), logs and writes; the iteration's metrics are reduced over the ranks first.
 """
 
 from __future__ import annotations
@@ -52,18 +46,16 @@ from worldloop.rl.advantages import (
     trajectory_scores,
 )
 from worldloop.rl.configuration import RLConfig
-from worldloop.rl.curves import plot_curves
 from worldloop.rl.losses import clipped_policy_loss, clipped_value_loss, entropy_bonus, kl_penalty
 from worldloop.rl.rollout import Rollout, autocast, check_compatible, collect, policy_device
-from worldloop.rl.summary import results_table, sources_by_task_rows, sources_line  # noqa: F401  (the last two: read from here by worldloop.report)
+from worldloop.rl.run import RLRun
+from worldloop.rl.summary import sources_by_task_rows, sources_line  # noqa: F401  (read from here by worldloop.report)
 from worldloop.utils import distributed
-from worldloop.utils.checkpoint import announce_resume, latest_checkpoint, load_checkpoint, save_checkpoint
-from worldloop.utils.io import atomic_write_json, atomic_write_text
 
-SHOWN = ("env/success_once", "env/return", "env/episode_len", "rollout/kept_groups", "actor/policy_loss", "actor/approx_kl_before_update",
-         "actor/approx_kl", "actor/clip_fraction", "actor/entropy", "actor/grad_norm", "actor/update_steps", "critic/value_loss",
-         "world_model/refine_real_success", "world_model/refine_loss_new_before", "world_model/refine_loss_new_after", "time/iteration")  # fmt: skip
-"""The metrics of the console's line per iteration."""
+VALUE_CLIP = 0.2
+"""PPO: clip range of the value update around the rollout's value estimate."""
+VALUE_COEF = 0.5
+"""PPO: weight of the value loss."""
 
 
 def train(
@@ -87,56 +79,32 @@ def train(
     policy's, ``restore(iteration)`` rebuilds the rest on resume, and ``save(out / "world_model")`` keeps the refined
     world model (:class:`worldloop.rl.refine.WorldModelRefiner`). ``console``: one line of metrics per iteration;
     ``progress_bar``: a tqdm bar."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     check_compatible(policy, env)
-    num_envs, group_size = env.num_envs, rl.group_size
+    num_envs, group_size, ppo, device = env.num_envs, rl.group_size, rl.algorithm == "ppo", policy_device(policy)
     groups_here = distributed.share(rl.num_groups, "rl.num_groups")  # this rank's whole groups
     if num_envs != groups_here * group_size:
         on = f" on each of {distributed.world_size()} processes" if distributed.active() else ""
         raise ValueError(f"the environment has {num_envs} envs; rl.num_groups x rl.group_size{on} = {groups_here} x {group_size} = {groups_here * group_size}")
-    main, mine = distributed.is_main(), slice(distributed.rank() * num_envs, (distributed.rank() + 1) * num_envs)  # this rank's envs of all
+    mine = slice(distributed.rank() * num_envs, (distributed.rank() + 1) * num_envs)  # this rank's envs of all
     if distributed.active() and refiner is not None and rl.refine_every > 0:
         raise ValueError(f"rl.refine_every={rl.refine_every} refines the world model in one process only: run it without torchrun, or set rl.refine_every=0")
-    if not main:
-        monitor = None  # rank 0 watches the run and tells the others what it decided
-        console = False
+    if not distributed.is_main():
+        monitor, console = None, False  # rank 0 watches the run and tells the others what it decided
     distributed.seed_per_rank(seed)  # each rank samples its own rollouts
     distributed.broadcast_parameters(policy)
-    ppo = rl.algorithm == "ppo"
     tasks = list(tasks) if tasks is not None else list(range(len(getattr(env, "task_names", [0]))))
-    device = policy_device(policy)
-
     parameters = [p for p in policy.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=rl.lr, weight_decay=rl.weight_decay)
+    optimizer = torch.optim.AdamW(parameters, lr=rl.lr, weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / rl.lr_warmup_steps) if rl.lr_warmup_steps else 1.0)
-    reference = copy.deepcopy(policy).eval().requires_grad_(False) if rl.kl_coef > 0 else None
-    refining = refiner is not None and rl.refine_every > 0
-    modules = {"policy": policy} | ({"reference": reference} if reference is not None else {}) | (refiner.modules if refining else {})
-    stateful = {"optimizer": optimizer, "scheduler": scheduler} | (refiner.stateful if refining else {})
-
-    start, history = 0, []
-    checkpoint = latest_checkpoint(out)
-    if checkpoint is not None:
-        start, extra = load_checkpoint(checkpoint, modules, stateful)
-        if main:
-            announce_resume("rl", checkpoint, start)
-        history = extra["history"]
-        if extra.get("refining") and not refining:  # its refined world model lives in the checkpoint: without it the run would go on in the old one
-            raise ValueError(f"{out} refined its world model on the policy's real rollouts (rl.refine_every); resume it with the same rl.refine_* settings")
-        if refining:
-            refiner.restore(start)
-        if monitor is not None:
-            monitor.restore(extra, history)
-    writer = distributed.summary_writer(str(out / "tb"), purge_step=start)
-    training_tasks = monitor.start(policy, start, tasks, writer) if monitor is not None else tasks
-    ended = (monitor is not None and monitor.stopped) or not training_tasks  # a run that stopped stays stopped when rerun
-    training_tasks, ended = distributed.broadcast_object((training_tasks, ended))
+    reference = copy.deepcopy(policy).eval().requires_grad_(False) if rl.kl_coef > 0 else None  # rl.kl_coef's starting policy
+    refiner = refiner if refiner is not None and rl.refine_every > 0 else None
+    run = RLRun(out, rl, {"policy": policy} | ({"reference": reference} if reference is not None else {}),
+                {"optimizer": optimizer, "scheduler": scheduler}, refiner, monitor, console)  # fmt: skip
+    start, training_tasks, ended = run.start(policy, tasks)
 
     progress = tqdm(range(start, start if ended else rl.iterations), initial=start, total=rl.iterations, desc="rl", disable=not (console and progress_bar))
     for iteration in progress:
         began = time.perf_counter()
-        metrics: dict[str, float] = {}
 
         # 1. Collect G rollouts per initial state at the training temperature.
         policy.eval()
@@ -145,7 +113,7 @@ def train(
         num_chunks = rollout.rewards.shape[1]
         if ppo and rollout.values is None:
             raise ValueError("rl.algorithm=ppo needs a policy with a value head (train or build it with policy.value_head=true)")
-        metrics["time/rollout"] = time.perf_counter() - began
+        metrics: dict[str, float] = {"time/rollout": time.perf_counter() - began}
 
         # 2. Scores over the valid chunks: up to and including the first success (or the end of the episode).
         mask = loss_mask(rollout.done | rollout.success, rl.mask_after_success)  # (N, T)
@@ -175,47 +143,18 @@ def train(
         policy.train()
         for _ in range(rl.update_epochs if distributed.all_sum(len(samples)) else 0):
             for batch in minibatches_of(samples[torch.randperm(len(samples)).to(device)], minibatches):
+                loss, stats = None, {"actor/approx_kl": 0.0}  # several ranks: one may have no sample left for a step every rank takes
                 if len(batch):
-                    env_index, chunk_index = batch // num_chunks, batch % num_chunks
-                    weight = weights[env_index, chunk_index]
-                    weight = weight / weight.sum()
-                    images = rollout.images[env_index, chunk_index]
-                    instructions = [rollout.instructions[i] for i in env_index.tolist()]
-                    tokens = rollout.tokens[env_index, chunk_index]
-                    with autocast(device):
-                        new = policy.evaluate(images, instructions, tokens, temperature=rl.train_temperature)
-                    policy_loss, stats = clipped_policy_loss(
-                        new.log_probs.float(), rollout.log_probs[env_index, chunk_index], advantages[env_index, chunk_index], weight, rl.clip_low, rl.clip_high
-                    )
-                    entropy = entropy_bonus(new.entropy.float(), weight)
-                    loss = policy_loss - rl.entropy_coef * entropy
-                    if ppo:
-                        value_loss = clipped_value_loss(
-                            new.values.float(), rollout.values[env_index, chunk_index], returns[env_index, chunk_index], weight, rl.value_clip
-                        )
-                        loss = loss + rl.value_coef * value_loss
-                        _append(losses, "critic/value_loss", value_loss)
-                    if reference is not None:
-                        with torch.no_grad(), autocast(device):
-                            reference_log_probs = reference.evaluate(images, instructions, tokens, temperature=rl.train_temperature).log_probs
-                        kl = kl_penalty(new.log_probs.float(), reference_log_probs.float(), weight)
-                        loss = loss + rl.kl_coef * kl
-                        _append(losses, "actor/kl_loss", kl)
-
-                    if "actor/approx_kl_before_update" not in metrics:
-                        # The same weights that sampled the rollout: ~0 unless rollout and update compute log-probs differently.
-                        metrics["actor/approx_kl_before_update"] = float(stats["approx_kl"])
-                    for name, value in (("actor/policy_loss", policy_loss), ("actor/approx_kl", stats["approx_kl"]),
-                                        ("actor/clip_fraction", stats["clip_fraction"]), ("actor/entropy", entropy)):  # fmt: skip
+                    loss, stats = minibatch_loss(policy, reference, rollout, advantages, returns, weights, batch, rl)
+                    # The same weights that sampled the rollout: ~0 unless rollout and update compute log-probs differently.
+                    metrics.setdefault("actor/approx_kl_before_update", stats["actor/approx_kl"])
+                    for name, value in stats.items():
                         _append(losses, name, value)
-                else:  # several ranks: this one has no sample left for this step, which every rank takes
-                    loss = None
                 # target_kl: this minibatch's approx_kl is measured before its own step, so stopping here, without
                 # its step, leaves the policy where that measure was taken (CleanRL steps the whole epoch, then checks);
                 # its measurements above stay in the iteration's means, which then show how far the update went.
                 # The first minibatch always steps: before any step, approx_kl is only the rollout-vs-update numerics.
-                approx_kl = float(stats["approx_kl"]) if loss is not None else 0.0
-                if rl.target_kl is not None and update_steps and distributed.all_mean(approx_kl) > rl.target_kl:
+                if rl.target_kl is not None and update_steps and distributed.all_mean(stats["actor/approx_kl"]) > rl.target_kl:
                     stopped = True
                     break
                 optimizer.zero_grad(set_to_none=True)
@@ -230,11 +169,10 @@ def train(
                     _append(losses, "actor/grad_norm", grad_norm)
             if stopped:
                 break
-        metrics["actor/update_steps"] = float(update_steps)
-        metrics["time/update"] = time.perf_counter() - update_began
+        metrics |= {"actor/update_steps": float(update_steps), "time/update": time.perf_counter() - update_began}
 
         # 6. The world model learns what the updated policy really does, before RL can exploit what it renders wrongly.
-        if refining and (iteration + 1) % rl.refine_every == 0:
+        if refiner is not None and (iteration + 1) % rl.refine_every == 0:
             metrics |= refiner(policy, iteration + 1)
 
         # 7. Log; the monitor watches (reality checks, warnings, stop rules); atomic checkpoints.
@@ -243,42 +181,44 @@ def train(
         metrics |= {name: sum(values) / len(values) for name, values in losses.items()}
         metrics["time/iteration"] = time.perf_counter() - began
         metrics = distributed.reduce_metrics(metrics)
-        for name, value in metrics.items():
-            writer.add_scalar(name, value, iteration + 1)
-        history.append({"iteration": iteration + 1} | metrics)
-        if console:
-            tqdm.write(f"it {iteration + 1}: " + " ".join(f"{name} {metrics[name]:.4g}" for name in SHOWN if name in metrics))
-        done_iterations = iteration + 1
-        ended = done_iterations == rl.iterations
-        decision = monitor.after_iteration(policy, done_iterations, metrics) if monitor is not None else (None, ended)
-        left, ended = distributed.broadcast_object(decision)
-        training_tasks = training_tasks if left is None else left
-        if ended or done_iterations % rl.checkpoint_every == 0:
-            watched = monitor.state() if monitor is not None else {}
-            save_checkpoint(out, done_iterations, modules, stateful, {"history": history, "refining": refining} | watched,
-                            keep=rl.keep_checkpoints)  # fmt: skip
+        training_tasks, ended = run.after_iteration(policy, iteration + 1, metrics, training_tasks)
         if ended:
             break
-    writer.close()
+    return run.finish(policy)
 
-    policy.eval()
-    if not main:  # rank 0 finishes the run and writes its results
-        return distributed.broadcast_object(None)
-    watched = monitor.finish(policy) if monitor is not None else {}
-    policy.save_pretrained(out / "policy")
-    if refining:
-        refiner.save(out / "world_model")
-    results = {"iterations": len(history), "algorithm": rl.algorithm, "shuffled_scores": rl.diagnostics.shuffled_scores, "history": history,
-               "evaluations": [], "warnings": [], "stopped": None, "dropped_tasks": {}} | watched  # fmt: skip
-    atomic_write_json(out / "results.json", results)
-    fell = results["stopped"]
-    stop_line = "" if not fell else (f"\nStopped at iteration {fell['iteration']}: real success fell ({'; '.join(fell['fallen'])}); "
-                                     f"the final policy is iteration {fell['policy_from']}'s.\n")  # fmt: skip
-    control = ("A control run (rl.diagnostics.shuffled_scores=true): each rollout was credited with another's score from its group.\n\n"
-               if rl.diagnostics.shuffled_scores else "")  # fmt: skip
-    atomic_write_text(out / "results.md", control + results_table(results["evaluations"], history) + stop_line)
-    plot_curves(results, out / "curves.png")
-    return distributed.broadcast_object(results)
+
+def minibatch_loss(policy: Any, reference: Any, rollout: Rollout, advantages: torch.Tensor, returns: torch.Tensor | None, weights: torch.Tensor,
+                   batch: torch.Tensor, rl: RLConfig) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
+    """The loss of one minibatch of (trajectory, chunk) samples (``batch``: flat indices into (N, T)): the clipped
+    policy loss on the samples' weights renormalised to 1, less the entropy bonus, plus PPO's clipped value loss and
+    the KL penalty towards ``reference`` (None: none). Returns it and its parts, as floats, by metric name."""
+    num_chunks = rollout.rewards.shape[1]
+    env_index, chunk_index = batch // num_chunks, batch % num_chunks
+    weight = weights[env_index, chunk_index]
+    weight = weight / weight.sum()
+    images = rollout.images[env_index, chunk_index]
+    instructions = [rollout.instructions[i] for i in env_index.tolist()]
+    tokens = rollout.tokens[env_index, chunk_index]
+    device = policy_device(policy)
+    with autocast(device):
+        new = policy.evaluate(images, instructions, tokens, temperature=rl.train_temperature)
+    policy_loss, stats = clipped_policy_loss(
+        new.log_probs.float(), rollout.log_probs[env_index, chunk_index], advantages[env_index, chunk_index], weight, rl.clip_low, rl.clip_high
+    )
+    entropy = entropy_bonus(new.entropy.float(), weight)
+    loss, parts = policy_loss - rl.entropy_coef * entropy, {}
+    if returns is not None:  # PPO
+        value_loss = clipped_value_loss(new.values.float(), rollout.values[env_index, chunk_index], returns[env_index, chunk_index], weight, VALUE_CLIP)
+        loss = loss + VALUE_COEF * value_loss
+        parts["critic/value_loss"] = value_loss
+    if reference is not None:
+        with torch.no_grad(), autocast(device):
+            reference_log_probs = reference.evaluate(images, instructions, tokens, temperature=rl.train_temperature).log_probs
+        kl = kl_penalty(new.log_probs.float(), reference_log_probs.float(), weight)
+        loss = loss + rl.kl_coef * kl
+        parts["actor/kl_loss"] = kl
+    parts |= {"actor/policy_loss": policy_loss, "actor/approx_kl": stats["approx_kl"], "actor/clip_fraction": stats["clip_fraction"], "actor/entropy": entropy}
+    return loss, {name: float(value.detach() if isinstance(value, torch.Tensor) else value) for name, value in parts.items()}
 
 
 def rollout_metrics(rollout: Rollout, scores: torch.Tensor, advantages: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor,

@@ -54,7 +54,7 @@ def bench_sim(args, config) -> int:
             return 2
     header = f"{'size':>5} {'workers':>7} {'envs':>5} {'steps/s':>9} {'frames/s':>9} {'ms/chunk':>9} {'startup s':>9}"
     lines = [
-        f"# worldloop bench sim: Meta-World, camera {sim.camera}, shadows {'on' if sim.shadows else 'off'}, chunk {sim.chunk_size}, "
+        f"# worldloop bench sim: Meta-World, camera {sim.camera}, chunk {sim.chunk_size}, "
         f"{args.steps} random-action steps per env; MUJOCO_GL={os.environ.get('MUJOCO_GL', '')}, {os.cpu_count()} CPUs, {platform.node()}",
         header,
     ]

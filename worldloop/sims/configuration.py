@@ -27,8 +27,6 @@ class SimConfig:
     """Side of the square RGB frames in pixels (64, 128 or 256)."""
     camera: str = "corner"
     """Camera the frames are rendered from (Meta-World: corner, corner2, corner3, corner4, topview, behindGripper, gripperPOV)."""
-    shadows: bool = False
-    """Render shadows (slower; off keeps the scene faithful at our resolutions)."""
     max_steps: int = 200
     """Episode length limit in simulator steps (truncation)."""
     chunk_size: int = 8
@@ -37,9 +35,6 @@ class SimConfig:
     """Steps an episode continues after its first success before it ends (0: end at success)."""
     num_workers: int = 2
     """Simulator worker processes; environments are spread over them (1: step everything in this process)."""
-    reward_scale: float = 5.0
-    """c in the chunk reward c * (R_after - R_before), R = 1 once the episode has succeeded (WoVR uses c = 5); the
-    imagined environment pays the same c when its judge says success."""
 
     def validate(self) -> None:
         if self.image_size not in (64, 128, 256):
@@ -50,8 +45,6 @@ class SimConfig:
             raise ValueError(f"camera='{self.camera}' is not a Meta-World camera; allowed: {', '.join(METAWORLD_CAMERAS)}")
         if self.suite.lower() not in SUITES:
             raise ValueError(f"suite='{self.suite}' is unknown; allowed: {', '.join(SUITES)}")
-        if self.reward_scale <= 0:
-            raise ValueError(f"reward_scale must be > 0, got {self.reward_scale}")
         if self.chunk_size < 1 or self.max_steps < 1 or self.num_workers < 1 or self.success_hold_steps < 0:
             raise ValueError("chunk_size, max_steps and num_workers must be >= 1, success_hold_steps >= 0")
 
@@ -68,23 +61,12 @@ class ExpertConfig:
     (8) pushes the arm visibly off the expert's path, where only the actions say where it goes (how much a
     world model follows its actions: eval-wm --counterfactual)."""
     perturb_prob: float = 0.0
-    """Probability that a noisy episode contains one perturbation, after which the expert resumes."""
+    """Probability that a noisy episode contains one perturbation, after which the expert resumes (it starts between
+    steps 10 and 120; half hold the gripper in the wrong state, half are random actions: worldloop.sims.experts)."""
     perturb_steps: int = 20
     """Length of a perturbation in steps."""
-    perturb_start_min: int = 10
-    """Earliest step (0-based action index) at which a perturbation may start."""
-    perturb_start_max: int = 120
-    """Latest step at which a perturbation may start (late ones leave no time to recover: failures and near-misses)."""
-    gripper_perturb_fraction: float = 0.5
-    """Fraction of perturbations that hold the gripper in the wrong state (open when the expert closes it, and
-    the reverse) while the arm follows the expert; the others are a burst of uniform random actions."""
-
     def validate(self) -> None:
         if self.action_noise < 0 or not 0 <= self.perturb_prob <= 1 or self.perturb_steps < 0:
             raise ValueError("action_noise >= 0, 0 <= perturb_prob <= 1 and perturb_steps >= 0 are required")
         if self.noise_hold_steps < 1:
             raise ValueError(f"noise_hold_steps must be >= 1 (1: white noise), got {self.noise_hold_steps}")
-        if not 0 <= self.perturb_start_min <= self.perturb_start_max:
-            raise ValueError(f"need 0 <= perturb_start_min <= perturb_start_max, got {self.perturb_start_min}, {self.perturb_start_max}")
-        if not 0 <= self.gripper_perturb_fraction <= 1:
-            raise ValueError(f"gripper_perturb_fraction must be in [0, 1], got {self.gripper_perturb_fraction}")

@@ -46,16 +46,25 @@ class ExpertPlan:
         return self.noise_std == 0 and self.perturb_start < 0
 
 
-def plan_episode(expert_config, noisy: bool, seed: int) -> ExpertPlan:
-    """Draw an episode's plan from ``seed``: clean (no noise, no perturbation) unless ``noisy``."""
+PERTURB_START = (10, 120)
+"""Earliest and latest step (0-based action index) at which a perturbation may start (late ones leave no time to
+recover: failures and near-misses)."""
+GRIPPER_PERTURB_FRACTION = 0.5
+"""Fraction of perturbations that hold the gripper in the wrong state (open when the expert closes it, and the
+reverse) while the arm follows the expert; the others are a burst of uniform random actions."""
+
+
+def plan_episode(expert_config, noisy: bool, seed: int, perturb_start: tuple[int, int] = PERTURB_START) -> ExpertPlan:
+    """Draw an episode's plan from ``seed``: clean (no noise, no perturbation) unless ``noisy``; a perturbation
+    starts at a step drawn in ``perturb_start`` (both ends included)."""
     if not noisy:
         return ExpertPlan(seed=seed)
     rng = np.random.default_rng([seed, 7919])
     start, length, kind = -1, 0, "random"
     if expert_config.perturb_steps > 0 and rng.random() < expert_config.perturb_prob:
-        start = int(rng.integers(expert_config.perturb_start_min, expert_config.perturb_start_max + 1))
+        start = int(rng.integers(perturb_start[0], perturb_start[1] + 1))
         length = expert_config.perturb_steps
-        kind = "gripper" if rng.random() < expert_config.gripper_perturb_fraction else "random"
+        kind = "gripper" if rng.random() < GRIPPER_PERTURB_FRACTION else "random"
     return ExpertPlan(noise_std=expert_config.action_noise, noise_hold_steps=expert_config.noise_hold_steps, perturb_start=start,
                       perturb_length=length, perturb_kind=kind, seed=seed)
 

@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from worldloop.envs.protocol import EnvReset, EnvStep, check_actions
+from worldloop.envs.protocol import REWARD_SCALE, EnvReset, EnvStep, check_actions
 from worldloop.sims.experts import ExpertPlan
 from worldloop.sims.tasks import check_task, instruction, resolve_tasks
 from worldloop.sims.configuration import METAWORLD_CAMERAS
@@ -154,7 +154,7 @@ class MetaWorldVecEnv:
         done = torch.from_numpy(result["done"])
         succeeded_before = self._ever_success.clone()
         self._ever_success |= success.any(dim=1)  # R: succeeded at any step so far, mid-chunk included
-        reward = self.config.reward_scale * (self._ever_success.float() - succeeded_before.float())
+        reward = REWARD_SCALE * (self._ever_success.float() - succeeded_before.float())
         ended_now = done[:, -1] & ~self._done
         truncated = ended_now & ~self._ever_success
         self._done = done[:, -1].clone()

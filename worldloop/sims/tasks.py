@@ -110,3 +110,14 @@ def resolve_tasks(sim_config) -> list[str]:
             raise ValueError(f"sim.tasks lists {', '.join(duplicates)} more than once")
         return tasks
     return suite_tasks(sim_config.suite)
+
+
+def sim_tasks(instructions: list[str]) -> list[str]:
+    """Simulator task names of a dataset's instructions (Meta-World's instruction table)."""
+    from worldloop.config import ConfigError
+
+    by_instruction = {text: task for task, text in INSTRUCTIONS.items()}
+    unknown = [text for text in instructions if text not in by_instruction]
+    if unknown:
+        raise ConfigError(f"instructions {unknown[:3]} are not Meta-World tasks: --policy rollouts need the simulator's tasks")
+    return [by_instruction[text] for text in instructions]
