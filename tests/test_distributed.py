@@ -103,7 +103,7 @@ def _sft(out: Path, stop_after: int | None):
     from _policy_fixtures import CLOSE, IMAGE, OPEN, synthetic_episodes, tiny_config
     from worldloop.policies.sft import fit_policy
 
-    config = tiny_config("sft.steps=4", "sft.checkpoint_every=100", "sft.batch_size=8", "sft.augment_blur=0.5", "sft.augment_shift=2")
+    config = tiny_config("sft.steps=4", "sft.eval_every=100", "sft.batch_size=8", "sft.augment_shift=2")
     train, held = synthetic_episodes(4, length=6), synthetic_episodes(2, seed=1, length=6)
     if stop_after is not None:
         assert fit_policy(config, train, held, out, [OPEN, CLOSE], IMAGE, 4, stop_after=stop_after) == {"stopped_at": stop_after}
@@ -112,7 +112,7 @@ def _sft(out: Path, stop_after: int | None):
 
 
 def test_sft_on_two_ranks_resumes_and_matches_one_process(tmp_path):
-    """SFT over 2 gloo ranks (4 samples each of the global 8, the same blur and shift draws), stopped after 2 steps and
+    """SFT over 2 gloo ranks (4 samples each of the global 8, the same shift draws), stopped after 2 steps and
     resumed by both ranks, ends with the weights of 4 straight steps in one process; rank 0 alone writes."""
     one, _ = _sft(tmp_path / "one", None)
     (two, counts), (two_rank1, counts_rank1) = run_ranks(_sft, 2, tmp_path / "two", 2)

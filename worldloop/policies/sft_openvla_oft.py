@@ -21,11 +21,11 @@ from typing import Any
 import torch
 
 from worldloop.policies.configuration_openvla_oft import ActionStatistics
-from worldloop.policies.sft import _autocast, build_samples, episode_summary, publish_model, random_shift, select_episodes, warmup_cosine
+from worldloop.policies.sft import GRAD_CLIP, WEIGHT_DECAY, _autocast, build_samples, episode_summary, publish_model, random_shift, select_episodes, warmup_cosine
 
 
-def dataset_statistics(chunks: torch.Tensor, suite: str, percentiles: list[float]) -> ActionStatistics:
-    """Bounds of the training actions (N, K, A): their low/high percentiles, every dimension normalised."""
+def dataset_statistics(chunks: torch.Tensor, suite: str, percentiles: tuple[float, float] = (1.0, 99.0)) -> ActionStatistics:
+    """Bounds of the training actions (N, K, A): their low/high percentiles (OpenVLA's q01/q99), every dimension normalised."""
     actions = chunks[:, 0].double()
     low, high = (torch.quantile(actions, p / 100, dim=0).float() for p in percentiles)
     return ActionStatistics(low, high, torch.ones(len(low), dtype=torch.bool), suite)
@@ -55,11 +55,11 @@ def finetune_openvla_oft(config, policy_spec: str, dataset: str | Path, out: str
     per_task = sft.episodes_per_task if episodes_per_task is None else episodes_per_task
     chosen = select_episodes([episode_summary(ds, i) for i in train_ids], per_task)
     train = build_samples((ds.episode(i) for i in chosen), policy.chunk_size, list(ds.tasks))
-    policy.use_statistics(dataset_statistics(train.chunks, Path(dataset).name, config.policy.norm_percentiles))
+    policy.use_statistics(dataset_statistics(train.chunks, Path(dataset).name))
     print(f"sft: fine-tuning {policy_spec} on {len(chosen)} episodes ({len(train)} samples) of {dataset}; actions normalised to its q01/q99")
 
     trainable = [p for p in policy.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=sft.lr, weight_decay=sft.weight_decay, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(trainable, lr=sft.lr, weight_decay=WEIGHT_DECAY, betas=(0.9, 0.95))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, sft.warmup_steps, sft.steps))
     sampler = torch.Generator().manual_seed(config.seed)
     out.mkdir(parents=True, exist_ok=True)
@@ -77,8 +77,7 @@ def finetune_openvla_oft(config, policy_spec: str, dataset: str | Path, out: str
             losses = policy.sft_loss(images, texts, train.chunks[index])
         optimizer.zero_grad(set_to_none=True)
         losses["loss"].backward()
-        if sft.grad_clip:
-            torch.nn.utils.clip_grad_norm_(trainable, sft.grad_clip)
+        torch.nn.utils.clip_grad_norm_(trainable, GRAD_CLIP)
         optimizer.step()
         scheduler.step()
         for name, value in losses.items():
