@@ -48,6 +48,7 @@ from worldloop.sims import make_env
 from worldloop.sims.tasks import instruction
 from worldloop.utils.io import atomic_write_json, read_json
 from worldloop.worldmodel.configuration import WorldModelConfig
+from worldloop.worldmodel.train import GRAD_CLIP, WEIGHT_DECAY
 
 REFINE = "refine"
 MAX_DATASET_EPISODES_PER_TASK = 50  # the "what it knew" half: enough scenes per task, a bounded encoding cost
@@ -123,7 +124,7 @@ class WorldModelRefiner:
         self.device, self.ema_decay = world_model.device, ema_decay
         self.master = copy.deepcopy(world_model.dit).float().eval()
         self.ema = copy.deepcopy(self.master).requires_grad_(False)  # what the imagined environment samples from
-        self.optimizer = torch.optim.AdamW(self.master.parameters(), lr=lr, weight_decay=world_model_config.weight_decay, betas=(0.9, 0.99))
+        self.optimizer = torch.optim.AdamW(self.master.parameters(), lr=lr, weight_decay=WEIGHT_DECAY, betas=(0.9, 0.99))
         self.modules = {"world_model": self.master, "world_model_ema": self.ema}
         self.stateful = {"world_model_optimizer": self.optimizer}
         self.rounds: list[dict[str, torch.Tensor]] = []  # every round's clips: latents (M, C, 4, h, w), actions (M, 13, A) raw
@@ -227,7 +228,7 @@ class WorldModelRefiner:
             loss = flow_matching_loss(self.master, latents, actions, self.clip_config, generator, drop)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.master.parameters(), self.clip_config.grad_clip)
+            torch.nn.utils.clip_grad_norm_(self.master.parameters(), GRAD_CLIP)
             self.optimizer.step()
             ema_step(self.ema, self.master, self.ema_decay)
             losses.append(float(loss.detach()))

@@ -40,8 +40,6 @@ class VAEConfig:
     on 5-frame clips only ever sees latent positions 0 and 1 and decodes positions 2+ poorly."""
     lr: float = 3e-4
     """AdamW learning rate (cosine decay to 10% after a 5% warm-up)."""
-    kl_weight: float = 1e-6
-    """Weight of the KL term against the per-pixel L1 + L2 reconstruction loss."""
     held_out_fraction: float = 0.1
     """Fraction of each task's episodes kept out of training for the reconstruction PSNR/SSIM."""
     log_every: int = 25
@@ -62,8 +60,8 @@ class VAEConfig:
         for name in ("steps", "batch_size", "log_every", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.lr <= 0 or self.kl_weight < 0:
-            raise ValueError("lr must be > 0 and kl_weight >= 0")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
         if not 0.0 <= self.held_out_fraction < 1.0:
             raise ValueError(f"held_out_fraction must be in [0, 1), got {self.held_out_fraction}")
         if self.time_limit_s < 0:
@@ -130,10 +128,6 @@ class WorldModelConfig:
     """Clips per optimizer step."""
     lr: float = 3e-4
     """AdamW learning rate (cosine decay to 10% after a 5% warm-up)."""
-    weight_decay: float = 0.01
-    """AdamW weight decay."""
-    grad_clip: float = 1.0
-    """Gradient-norm clip."""
     ema_decay: float = 0.999
     """Decay of the exponential moving average of the weights that is saved and sampled from."""
     gradient_checkpointing: bool = True
@@ -198,8 +192,8 @@ class WorldModelConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.ema_decay < 1.0:
             raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
-        if self.lr <= 0 or self.shift <= 0 or self.grad_clip <= 0:
-            raise ValueError("lr, shift and grad_clip must be > 0")
+        if self.lr <= 0 or self.shift <= 0:
+            raise ValueError(f"lr and shift must be > 0, got {self.lr}, {self.shift}")
         if not 0.0 <= self.held_out_fraction < 1.0:
             raise ValueError(f"held_out_fraction must be in [0, 1), got {self.held_out_fraction}")
         if self.time_limit_s < 0:

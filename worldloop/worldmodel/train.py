@@ -99,6 +99,13 @@ def _progress(iterable: Iterable, **kwargs: Any):
     return tqdm(iterable, **kwargs)
 
 
+KL_WEIGHT = 1e-6
+"""The VAE's KL term against its per-pixel L1 + L2 reconstruction loss."""
+WEIGHT_DECAY = 0.01
+"""The DiT's AdamW weight decay."""
+GRAD_CLIP = 1.0
+"""The DiT's gradient-norm clip."""
+
 # ============================================================================================ VAE
 
 
@@ -229,7 +236,7 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
             l1 = (recon - pixels).abs().mean()
             l2 = (recon - pixels).pow(2).mean()
             kl = 0.5 * (posterior.mean.float().pow(2) + posterior.var.float() - 1.0 - posterior.logvar.float()).mean()
-            loss = l1 + l2 + config.kl_weight * kl
+            loss = l1 + l2 + KL_WEIGHT * kl
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             distributed.average_gradients(vae.parameters())
@@ -403,7 +410,7 @@ def train_world_model(
     if config.gradient_checkpointing and device.type == "cuda":
         dit.transformer.enable_gradient_checkpointing()
     ema = copy.deepcopy(dit).eval().requires_grad_(False)
-    optimizer = make_optimizer(dit.parameters(), config.lr, config.weight_decay, device)
+    optimizer = make_optimizer(dit.parameters(), config.lr, WEIGHT_DECAY, device)
     budget = TrainingBudget(config.steps, config.time_limit_s)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, budget.lr_factor)
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -468,7 +475,7 @@ def train_world_model(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         distributed.average_gradients(dit.parameters())
-        grad_norm = torch.nn.utils.clip_grad_norm_(dit.parameters(), config.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(dit.parameters(), GRAD_CLIP)
         optimizer.step()
         scheduler.step()
         ema_step(ema, dit, min(config.ema_decay, (1 + step) / (10 + step)))
