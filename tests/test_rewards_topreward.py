@@ -202,3 +202,16 @@ def test_inputs_on_device_match_the_processors_and_so_do_scores_and_verdicts(jud
     threshold = float(reference_scores.median().exp())
     assert torch.equal(scores.exp() >= threshold, reference_scores.exp() >= threshold)
     assert 0 < int((scores.exp() >= threshold).sum()) < len(texts)  # the threshold splits the set
+
+
+def test_bench_times_both_input_paths_and_the_share_spent_building_inputs(capsys):
+    from worldloop.rewards.bench import bench_topreward
+
+    rows = bench_topreward(torch.device("cpu"), "tiny", [32], [2], 1, RewardConfig())
+    assert [(row["inputs"], row["batch"]) for row in rows] == [("device", 2), ("processor", 2)]
+    for row in rows:
+        assert row["windows_per_s"] > 0 and 0 < row["inputs_share"] <= 1 and row["inputs_ms"] > 0, row
+        assert row["tokens_per_window"] > 16 * 4  # 16 frames of >= 2x2 merged patches each, and the prompt
+    assert rows[0]["tokens_per_window"] == rows[1]["tokens_per_window"]
+    printed = capsys.readouterr().out
+    assert "device" in printed and "processor" in printed
