@@ -16,6 +16,7 @@ model config's ``video_token_id`` etc. stay the real ones.
 from __future__ import annotations
 
 import base64
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,13 @@ QWEN3_VL_CHAT_TEMPLATE = (
 
 def qwen_byte_level_bpe(drop_tokens: tuple[str, ...] = ()) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """(vocab, merges) of the Qwen BPE in byte-level unicode form; ``drop_tokens`` (e.g. ``(" True",)``)
-    are removed, with every merge that builds them."""
+    are removed, with every merge that builds them. Built once per process (seconds), copied on each call."""
+    vocab, merges = _qwen_byte_level_bpe(tuple(drop_tokens))
+    return dict(vocab), list(merges)
+
+
+@functools.lru_cache(maxsize=4)
+def _qwen_byte_level_bpe(drop_tokens: tuple[str, ...]) -> tuple[dict[str, int], list[tuple[str, str]]]:
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     byte_to_char = bytes_to_unicode()
