@@ -1,8 +1,8 @@
 """TOPReward's inputs built on the model's device: the Qwen3-VL video processor's arithmetic in batched torch ops.
 
 The transformers ``Qwen3VLProcessor`` handles one video at a time in Python and tokenizes every prompt
-(each ~400 tokens long, most of them ``<|video_pad|>``) on every call; at batch 64 it, not the model,
-bounded the judge's speed. Here all windows of a call go through one resize, one normalisation and one
+(each ~400 tokens long, most of them ``<|video_pad|>``) on every call; on an H200 the judge's throughput
+stayed flat from batch 8 to 64 with it (docs/benchmarks.md), which points at it rather than the model. Here all windows of a call go through one resize, one normalisation and one
 patchify on whatever device they are on, and the token ids of a prompt are computed once per
 (instruction, frame size) by the reference processor itself and reused.
 
