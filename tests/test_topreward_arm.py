@@ -17,7 +17,8 @@ from worldloop.config import load_config
 from worldloop.loop import STAGES_DIR, Inputs, plan, run_loop
 from worldloop.rewards.qwen_random import QWEN_VOCAB_SIZE, save_random_qwen3_vl_folder
 
-# real episodes of two chunks (16 steps: keyframes need a failure that long), imagined ones of one, one Euler step of imagination, two base rollouts per task (one held out for eval-wm), one RL iteration of 2 groups of 2
+# Real episodes of two chunks (16 steps: keyframes need a failure that long), imagined ones of one, one Euler step of
+# imagination, two base rollouts per task (one held out for eval-wm), one RL iteration of the preset's 2 groups of 2.
 OVERRIDES = [*TINY, "loop.pace=false", "loop.eval_episodes_per_task=1", "loop.base_rollouts_per_task=2", "loop.gate_episodes_per_task=1",
              "sim.max_steps=16", "rl.max_steps=8", "world_model.sampling_steps=1", "rl.iterations=1", "rl.judge_threshold=replay", "rl.kir_ratio=0",
              "world_model.eval_horizons=[4]", "world_model.eval_episodes=1"]  # fmt: skip
