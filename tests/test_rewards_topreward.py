@@ -113,3 +113,105 @@ def test_calibrate_topreward_windows(judge, tmp_path):
     assert RewardConfig().topreward.window == judge.window
     scores = np.load(tmp_path / "scores.npz")
     assert scores["time"].tolist() == [3, 6, 9, 3, 6, 9]
+
+
+def test_prompt_is_topreward_reference_and_scores_its_true_token(judge):
+    """TOPReward's reference (QwenClient.compute_instruction_reward): the chat template on the video and the
+    prefix only, cut at EOS, then "{instruction} Decide ... The answer is: True" raw; the reward is the
+    log-probability of that last token. Our prompt stops before " True" and reads it at the last position."""
+    from worldloop.rewards.topreward import PREFIX
+
+    assert judge.prompt("open the drawer") == (
+        "<|im_start|>user\n<|vision_start|><|video_pad|><|vision_end|>The above video shows a robot manipulation trajectory "
+        "that completes the following task: open the drawer Decide whether the above statement is True or not. The answer is:"
+    )
+    video = windows(2, seed=3)
+    processor, texts = judge.processor, INSTRUCTIONS[:2]
+    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": PREFIX}]}]
+    chat = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=False).split(processor.tokenizer.eos_token)[0]
+    reference = []
+    for i, text in enumerate(texts):  # the reference, one window at a time: labels masked but for the last token
+        full = f"{chat}{text} Decide whether the above statement is True or not. The answer is: True"
+        inputs = processor(text=[full], videos=[video[i].permute(0, 3, 1, 2)], video_metadata=[judge.video_metadata()],
+                           do_sample_frames=False, return_tensors="pt")  # fmt: skip
+        assert inputs["input_ids"][0, -1] == judge.true_id
+        with torch.no_grad():
+            logits = judge.model(**inputs, use_cache=False).logits
+        reference.append(torch.log_softmax(logits[0, -2].float(), dim=-1)[inputs["input_ids"][0, -1]])
+    torch.testing.assert_close(judge.score(video, texts), torch.stack(reference), atol=1e-4, rtol=1e-4)
+
+
+def test_a_folder_without_a_chat_template_is_refused(qwen_folder, tmp_path):
+    import shutil
+
+    bare = tmp_path / "no-template"
+    shutil.copytree(qwen_folder, bare)
+    for name in ("chat_template.jinja", "chat_template.json"):
+        (bare / name).unlink(missing_ok=True)
+    with pytest.raises(ValueError, match="no-template has no chat template"):
+        load_judge(f"topreward:{bare}", "cpu")
+
+
+@pytest.mark.parametrize(
+    "frame_size, video_size, cap",
+    [
+        ((32, 32), TINY_VIDEO_SIZE, False),  # kept as they are: 2x2 patches
+        ((48, 80), {"shortest_edge": 16 * 32 * 32, "longest_edge": 16 * 64 * 96}, False),  # upscaled bicubic, non-square
+        ((96, 96), {"shortest_edge": 16 * 32 * 32, "longest_edge": 16 * 64 * 64}, False),  # downscaled with antialiasing
+        ((96, 96), {"shortest_edge": 16 * 32 * 32, "longest_edge": 16 * 96 * 96}, True),  # the per-frame pixel cap
+    ],
+)
+def test_video_patches_match_the_qwen3_vl_video_processor(frame_size, video_size, cap):
+    """Pixel values within 1e-5 (the same resize, normalisation and patch order), the same grid."""
+    from transformers import Qwen3VLVideoProcessor
+
+    from worldloop.rewards.topreward_processing import VideoPatches
+
+    processor = Qwen3VLVideoProcessor(size=video_size, cap_pixels_per_frame=cap, max_video_tokens=4)
+    generator = torch.Generator().manual_seed(7)
+    video = torch.randint(0, 256, (3, 16, *frame_size, 3), dtype=torch.uint8, generator=generator)
+    metadata = [{"total_num_frames": 16, "fps": 2.0, "frames_indices": list(range(16))}] * 3
+    reference = processor(videos=list(video.permute(0, 1, 4, 2, 3)), video_metadata=metadata, do_sample_frames=False, return_tensors="pt")
+    pixel_values, grid = VideoPatches(processor)(video)
+    assert grid.tolist() == reference["video_grid_thw"].tolist() and grid[0, 0] == 8
+    assert pixel_values.shape == reference["pixel_values_videos"].shape
+    torch.testing.assert_close(pixel_values, reference["pixel_values_videos"], atol=1e-5, rtol=0)
+    assert pixel_values.std() > 0.2  # normalised pixels, not a constant
+
+
+def test_inputs_on_device_match_the_processors_and_so_do_scores_and_verdicts(judge):
+    """The default path (torch ops on the device, cached prompt tokens) against the transformers processor, on a
+    fixed set of windows with instructions of several lengths (left padding): the same tokens, pixel values within
+    1e-5, scores within 1e-4, and the same verdicts at a threshold among the scores."""
+    video = windows(6, seed=11)
+    texts = INSTRUCTIONS * 2
+    fast = judge.inputs_on_device(video, texts)
+    reference = judge.inputs_from_processor(video, texts)
+    assert set(fast) == set(reference) - {"video_metadata"}
+    for name in set(fast) - {"pixel_values_videos"}:
+        assert torch.equal(fast[name].cpu(), reference[name].cpu()), name
+    torch.testing.assert_close(fast["pixel_values_videos"], reference["pixel_values_videos"], atol=1e-5, rtol=0)
+    assert judge.on_device
+    scores = judge.score(video, texts)
+    judge.on_device = False
+    try:
+        reference_scores = judge.score(video, texts)
+    finally:
+        judge.on_device = True
+    torch.testing.assert_close(scores, reference_scores, atol=1e-4, rtol=1e-4)
+    threshold = float(reference_scores.median().exp())
+    assert torch.equal(scores.exp() >= threshold, reference_scores.exp() >= threshold)
+    assert 0 < int((scores.exp() >= threshold).sum()) < len(texts)  # the threshold splits the set
+
+
+def test_bench_times_both_input_paths_and_the_share_spent_building_inputs(capsys):
+    from worldloop.rewards.bench import bench_topreward
+
+    rows = bench_topreward(torch.device("cpu"), "tiny", [32], [2], 1, RewardConfig())
+    assert [(row["inputs"], row["batch"]) for row in rows] == [("device", 2), ("processor", 2)]
+    for row in rows:
+        assert row["windows_per_s"] > 0 and 0 < row["inputs_share"] <= 1 and row["inputs_ms"] > 0, row
+        assert row["tokens_per_window"] > 16 * 4  # 16 frames of >= 2x2 merged patches each, and the prompt
+    assert rows[0]["tokens_per_window"] == rows[1]["tokens_per_window"]
+    printed = capsys.readouterr().out
+    assert "device" in printed and "processor" in printed

@@ -3,6 +3,9 @@
 Measured: the ResNet-18 classifier, and TOPReward with a random-weight Qwen3-VL at tiny and (on
 GPU) at the full Qwen3-VL-8B dimensions (8.77 B parameters, bf16), built from a config: the
 speed is the real model's, the scores are meaningless (real weights are not available here).
+TOPReward is timed with its inputs built on the device (``inputs`` column ``device``, the default) and
+by the transformers processor (``processor``); ``prep%`` is the share of a call spent building the
+inputs (timed alone), the rest being the model's forward.
 
     worldloop bench reward [--sizes 64 128 256] [--out TABLE.txt]
     python -m worldloop.rewards.bench --out OUT_DIR [--image-size 128 256] [--sizes tiny 8b] [--batches 1 8 32 64]
@@ -21,12 +24,15 @@ import torch
 from worldloop.utils.device import resolve_device
 from worldloop.utils.timing import seconds_per_call
 
-HEADER = f"{'judge':<16}{'image':>6}{'batch':>6}{'tokens':>8}{'ms/call':>10}{'windows/s':>11}"
+HEADER = f"{'judge':<16}{'inputs':>10}{'image':>6}{'batch':>6}{'tokens':>8}{'ms/call':>10}{'windows/s':>11}{'prep%':>7}"
 
 
 def format_row(row: dict) -> str:
-    head = f"{row['judge']:<16}{row['image_size']:>6}{row['batch']:>6}{row.get('tokens_per_window', ''):>8}"
-    return head + (f"  {row['error']}" if "error" in row else f"{row['ms']:>10.1f}{row['windows_per_s']:>11.1f}")
+    head = f"{row['judge']:<16}{row.get('inputs', '-'):>10}{row['image_size']:>6}{row['batch']:>6}{row.get('tokens_per_window', ''):>8}"
+    if "error" in row:
+        return head + f"  {row['error']}"
+    share = f"{100 * row['inputs_share']:>7.1f}" if "inputs_share" in row else f"{'-':>7}"
+    return head + f"{row['ms']:>10.1f}{row['windows_per_s']:>11.1f}" + share
 
 
 def _emit(rows: list[dict], row: dict) -> None:
@@ -59,20 +65,25 @@ def bench_topreward(device: torch.device, size: str, image_sizes: list[int], bat
     rows = []
     instruction = "Open the drawer by pulling its handle."
     for image_size in image_sizes:
-        for batch in batches:
-            config = dataclasses.replace(reward_config.topreward, max_batch=batch)  # one forward per call
-            judge = TOPReward(model, processor, config, device)
-            windows = torch.randint(0, 256, (batch, judge.window, image_size, image_size, 3), dtype=torch.uint8, device=device)
-            row = {"judge": f"topreward-{size}", "params_billion": params / 1e9, "image_size": image_size, "batch": batch}
-            row["tokens_per_window"] = int(judge.inputs(windows[:1], [instruction])["input_ids"].shape[1])
-            try:
-                seconds = seconds_per_call(lambda: judge.score(windows, [instruction] * batch), device, repeats)
-            except torch.OutOfMemoryError:
-                _emit(rows, {**row, "error": "out of memory"})
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-                break
-            _emit(rows, {**row, "ms": 1e3 * seconds, "windows_per_s": batch / seconds, "build_s": build_seconds})
+        for on_device in (True, False):
+            for batch in batches:
+                config = dataclasses.replace(reward_config.topreward, max_batch=batch)  # one forward per call
+                judge = TOPReward(model, processor, config, device, on_device=on_device)
+                windows = torch.randint(0, 256, (batch, judge.window, image_size, image_size, 3), dtype=torch.uint8, device=device)
+                instructions = [instruction] * batch
+                row = {"judge": f"topreward-{size}", "inputs": "device" if on_device else "processor", "params_billion": params / 1e9,
+                       "image_size": image_size, "batch": batch}  # fmt: skip
+                row["tokens_per_window"] = int(judge.inputs(windows[:1], [instruction])["input_ids"].shape[1])
+                try:
+                    seconds = seconds_per_call(lambda: judge.score(windows, instructions), device, repeats)
+                    inputs_seconds = seconds_per_call(lambda: judge.inputs(windows, instructions), device, repeats)
+                except torch.OutOfMemoryError:
+                    _emit(rows, {**row, "error": "out of memory"})
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                    break
+                _emit(rows, {**row, "ms": 1e3 * seconds, "windows_per_s": batch / seconds, "inputs_ms": 1e3 * inputs_seconds,
+                             "inputs_share": min(inputs_seconds / seconds, 1.0), "build_s": build_seconds})  # fmt: skip
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()

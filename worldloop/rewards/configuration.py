@@ -64,7 +64,8 @@ class TOPRewardConfig:
     """TOPReward: a frozen Qwen3-VL judges a video window by log P(" True")."""
 
     threshold: float = 0.46
-    """exp(score) = P(" True") at or above which a window counts as success (0.46 in the seed)."""
+    """exp(score) = P(" True") at or above which a window counts as success (0.46 in the seed, on LIBERO; TOPReward
+    publishes none: rl.judge_threshold=replay or calibrate-reward chooses one per suite)."""
     window: int = 16
     """Frames per judged window (previous and current chunk); all of them reach the model."""
     max_batch: int = 32

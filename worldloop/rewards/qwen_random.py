@@ -16,6 +16,7 @@ model config's ``video_token_id`` etc. stay the real ones.
 from __future__ import annotations
 
 import base64
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -98,10 +99,32 @@ QWEN3_VL_TINY = {
 
 SIZES = {"tiny": QWEN3_VL_TINY, "8b": QWEN3_VL_8B}
 
+# Qwen3-VL-Instruct's chat template for text, image and video turns (its tool-calling branches left out):
+# no default system turn, each turn "<|im_start|>ROLE\n...<|im_end|>\n", each video "<|vision_start|><|video_pad|><|vision_end|>".
+QWEN3_VL_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message.role + '\\n' }}"
+    "{%- if message.content is string %}{{- message.content }}{%- else %}"
+    "{%- for content in message.content %}"
+    "{%- if content.type == 'image' or 'image' in content or 'image_url' in content %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{%- elif content.type == 'video' or 'video' in content %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{%- elif 'text' in content %}{{- content.text }}{%- endif %}"
+    "{%- endfor %}{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
 
 def qwen_byte_level_bpe(drop_tokens: tuple[str, ...] = ()) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """(vocab, merges) of the Qwen BPE in byte-level unicode form; ``drop_tokens`` (e.g. ``(" True",)``)
-    are removed, with every merge that builds them."""
+    are removed, with every merge that builds them. Built once per process (seconds), copied on each call."""
+    vocab, merges = _qwen_byte_level_bpe(tuple(drop_tokens))
+    return dict(vocab), list(merges)
+
+
+@functools.lru_cache(maxsize=4)
+def _qwen_byte_level_bpe(drop_tokens: tuple[str, ...]) -> tuple[dict[str, int], list[tuple[str, str]]]:
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     byte_to_char = bytes_to_unicode()
@@ -113,9 +136,9 @@ def qwen_byte_level_bpe(drop_tokens: tuple[str, ...] = ()) -> tuple[dict[str, in
     ranks = _qwen_ranks()
     if ranks is None:  # fallback: bytes, plus merges that spell the prompt's words
         ranks = {bytes([b]): i for i, b in enumerate(sorted(byte_to_char))}
-        from worldloop.rewards.topreward import PROMPT
+        from worldloop.rewards.topreward import PREFIX, SUFFIX
 
-        words = {" " + word for word in PROMPT.replace("{video}", "").replace("{instruction}", "").split()} | {" True", " seconds"}
+        words = {" " + word for word in (PREFIX + SUFFIX.replace("{instruction}", "")).split()} | {" True", " seconds"}
         for word in sorted(words):
             piece = word.encode()
             for end in range(2, len(piece) + 1):
@@ -163,7 +186,7 @@ def build_qwen_tokenizer(drop_tokens: tuple[str, ...] = ()) -> Any:
         vocab[f"<|unused_{filler}|>"] = filler
     for offset, token in enumerate(QWEN_SPECIAL_TOKENS):
         vocab[token] = QWEN_SPECIAL_START_ID + offset
-    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges)
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges, eos_token="<|im_end|>")  # the Instruct tokenizer's EOS
     tokenizer._tokenizer.model.ignore_merges = True  # a word found whole in the vocabulary is one token
     tokenizer.add_special_tokens({"additional_special_tokens": [AddedToken(t, special=True) for t in QWEN_SPECIAL_TOKENS[1:]]})
     for offset, token in enumerate(QWEN_SPECIAL_TOKENS):
@@ -188,7 +211,7 @@ def build_random_qwen3_vl(size: str = "tiny", dtype: torch.dtype = torch.float32
 
 
 def build_processor(tokenizer: Any, video_size: dict[str, int] | None = None) -> Any:
-    """Qwen3-VL's processor around ``tokenizer``; ``video_size`` (shortest_edge/longest_edge pixel
+    """Qwen3-VL's processor (and chat template) around ``tokenizer``; ``video_size`` (shortest_edge/longest_edge pixel
     budgets of the video processor) defaults to the real model's."""
     from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
 
@@ -197,6 +220,7 @@ def build_processor(tokenizer: Any, video_size: dict[str, int] | None = None) ->
         image_processor=Qwen2VLImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2),
         tokenizer=tokenizer,
         video_processor=Qwen3VLVideoProcessor(**video_kwargs),
+        chat_template=QWEN3_VL_CHAT_TEMPLATE,
     )
 
 
