@@ -75,11 +75,11 @@ def failed_rollout_items(policy_path: str, dataset, config: Config) -> list:
 
 
 def sim_tasks(instructions: list[str]) -> list[str]:
-    """Simulator task names of a dataset's instructions (Meta-World's instruction table)."""
-    from worldloop.sims.tasks import INSTRUCTIONS
+    """Simulator task names of a dataset's instructions (Meta-World's instruction table, and LIBERO's)."""
+    from worldloop.sims.tasks import known_instructions
 
-    by_instruction = {text: task for task, text in INSTRUCTIONS.items()}
+    by_instruction = {text: task for task, text in known_instructions().items()}
     unknown = [text for text in instructions if text not in by_instruction]
     if unknown:
-        raise ConfigError(f"instructions {unknown[:3]} are not Meta-World tasks: --policy rollouts need the simulator's tasks")
+        raise ConfigError(f"instructions {unknown[:3]} are not simulator tasks: --policy rollouts need the simulator's tasks")
     return [by_instruction[text] for text in instructions]

@@ -45,7 +45,7 @@ from worldloop.rl.rollout import (
     trajectory_tracking,
 )
 from worldloop.sims import make_env
-from worldloop.sims.tasks import INSTRUCTIONS
+from worldloop.sims.tasks import instruction
 from worldloop.utils.io import atomic_write_json, read_json
 from worldloop.utils.stats import agreement_beyond_chance, format_kappa, kappa_above_chance
 
@@ -194,9 +194,10 @@ def imagined_env(config: Config, world_model, judge, dataset, keyframes: str | N
 
 def instruction_of(task: str) -> str:
 
-    if task not in INSTRUCTIONS:
-        raise ConfigError(f"--tasks: unknown simulator task '{task}'")
-    return INSTRUCTIONS[task]
+    try:
+        return instruction(task)
+    except ValueError as error:
+        raise ConfigError(f"--tasks: {error}") from None
 
 
 class RealityCheck:

@@ -25,10 +25,12 @@ import numpy as np
 
 from worldloop.data.keyframes import MEMORY, load_keyframes, write_keyframes  # noqa: F401  (load_keyframes: re-exported)
 
-GRIPPER = 3
-"""Index of the gripper command in the action (Meta-World: xyz delta, gripper)."""
+GRIPPER = -1
+"""Index of the gripper command in the action: the last (Meta-World: xyz delta, gripper; LIBERO: xyz, rotation, gripper)."""
 OBJECT = slice(4, 7)
 """The first object's position in the state (Meta-World's 39-d observation)."""
+METAWORLD_STATE_DIM = 39
+"""Only Meta-World's state holds an object's position (LIBERO's is the robot's proprioception)."""
 CONTACT_SPEED = 2e-3
 """Object displacement per step (simulator units) above which it counts as moved."""
 SETTLE_FRAMES = 5
@@ -37,7 +39,7 @@ SETTLE_FRAMES = 5
 
 def gripper_changes(actions: np.ndarray) -> list[int]:
     """Frames t at which the gripper command's sign flips (t is the first action of the new sign); [] without a gripper."""
-    if actions.ndim != 2 or actions.shape[1] <= GRIPPER:
+    if actions.ndim != 2 or actions.shape[1] < 2:
         return []
     sign = np.sign(actions[:, GRIPPER])
     return [int(t) for t in np.nonzero(sign[1:] * sign[:-1] < 0)[0] + 1]
@@ -45,7 +47,7 @@ def gripper_changes(actions: np.ndarray) -> list[int]:
 
 def contacts(state: np.ndarray | None) -> list[int]:
     """Frames t at which the first object starts to move (after the settling frames); [] without a Meta-World state."""
-    if state is None or state.shape[1] < OBJECT.stop:
+    if state is None or state.shape[1] != METAWORLD_STATE_DIM:
         return []
     moving = np.linalg.norm(np.diff(state[:, OBJECT], axis=0), axis=1) > CONTACT_SPEED  # moving[t]: between t and t+1
     onsets = np.nonzero(moving[1:] & ~moving[:-1])[0] + 1

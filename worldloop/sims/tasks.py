@@ -1,8 +1,9 @@
-"""Meta-World task names, suites and the English instruction we give each task.
+"""Task names, suites and the English instruction of each task.
 
-Suites come from Meta-World's own registry (``metaworld.env_dict``), so MT10/MT50 are exactly
-the benchmark's task lists. Instructions are ours: short imperative sentences a person would
-say to the robot.
+Meta-World's suites come from its own registry (``metaworld.env_dict``), so MT10/MT50 are exactly
+the benchmark's task lists; their instructions are ours: short imperative sentences a person would
+say to the robot. LIBERO's tasks are named ``<suite>-<index>`` (``libero_spatial-4``: task 4 of
+LIBERO-Spatial in the benchmark's order); their instructions are LIBERO's own (the ``[libero]`` extra).
 """
 
 from __future__ import annotations
@@ -11,11 +12,16 @@ import difflib
 
 from metaworld.env_dict import ALL_V3_ENVIRONMENTS, MT10_V3, MT50_V3
 
+from worldloop.sims.configuration import LIBERO_SUITES
+
+LIBERO_TASKS: dict[str, list[str]] = {suite: [f"{suite}-{index}" for index in range(10)] for suite in LIBERO_SUITES}
+"""LIBERO's task names by suite, in the benchmark's order (task order 0)."""
 SUITE_TASKS: dict[str, list[str]] = {
     "mt10": list(MT10_V3.keys()),
     "mt50": list(MT50_V3.keys()),
+    **LIBERO_TASKS,
 }
-"""Named task suites, in Meta-World's order."""
+"""Named task suites, in Meta-World's and LIBERO's order."""
 
 ALL_TASKS: list[str] = list(ALL_V3_ENVIRONMENTS.keys())
 """Every Meta-World v3 task name."""
@@ -75,10 +81,19 @@ INSTRUCTIONS: dict[str, str] = {
 """One English instruction per Meta-World v3 task."""
 
 
+def is_libero_task(name: str) -> bool:
+    suite, _, index = name.rpartition("-")
+    return suite in LIBERO_TASKS and name in LIBERO_TASKS[suite]
+
+
 def check_task(name: str) -> str:
-    """The canonical task name for ``name`` ('drawer-open' or 'drawer-open-v3'); a clear error if unknown."""
+    """The canonical task name for ``name`` ('drawer-open' or 'drawer-open-v3', 'libero_spatial-4'); a clear error if unknown."""
     if not isinstance(name, str):
         raise TypeError(f"a task name must be a string, got {type(name).__name__}: {name!r}")
+    if is_libero_task(name):
+        return name
+    if name.startswith("libero"):
+        raise ValueError(f"unknown LIBERO task '{name}'; LIBERO tasks are <suite>-<0..9> with suite one of {', '.join(LIBERO_SUITES)}")
     if name in ALL_V3_ENVIRONMENTS:
         return name
     if f"{name}-v3" in ALL_V3_ENVIRONMENTS:
@@ -97,8 +112,23 @@ def suite_tasks(name: str) -> list[str]:
 
 
 def instruction(task: str) -> str:
-    """Our English instruction for ``task``."""
-    return INSTRUCTIONS[check_task(task)]
+    """The English instruction for ``task`` (LIBERO's tasks need the ``[libero]`` extra)."""
+    task = check_task(task)
+    if is_libero_task(task):
+        from worldloop.sims.libero import libero_instruction
+
+        return libero_instruction(task)
+    return INSTRUCTIONS[task]
+
+
+def known_instructions() -> dict[str, str]:
+    """Every task's instruction by task name: Meta-World's, and LIBERO's where the extra is installed."""
+    from worldloop.sims.libero import libero_available, libero_instruction
+
+    known = dict(INSTRUCTIONS)
+    if libero_available():
+        known.update({task: libero_instruction(task) for tasks in LIBERO_TASKS.values() for task in tasks})
+    return known
 
 
 def resolve_tasks(sim_config) -> list[str]:
