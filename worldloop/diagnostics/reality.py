@@ -65,7 +65,7 @@ def reality_check(config: Config, tasks: list[str], world_model, judge, dataset,
         closers.append(real_env)
         gap_env = None
         if world_model is not None and judge is not None:
-            horizon = -(-config.sim.max_steps // world_model.chunk_size) * world_model.chunk_size
+            horizon = -(-real_env.max_steps // world_model.chunk_size) * world_model.chunk_size
             gap_env = imagined_env(config, world_model, judge, dataset, None, count, 1, horizon, device, kir_ratio=0.0)
     keyframe_env = None
     if keyframes and gap_env is not None:

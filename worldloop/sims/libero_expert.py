@@ -50,7 +50,11 @@ SIDES = np.array([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]])
 
 
 class SpatialExpert:
-    """Closed-loop expert for one LIBERO-Spatial episode: call :meth:`act` with each observation."""
+    """Closed-loop expert for one LIBERO-Spatial episode: call :meth:`get_action` with each observation.
+
+    Phases: approach (above the grasp point at travel height, wrist turned), descend, close, lift, carry (the held
+    bowl over the plate), lower, release. A descent blocked on one side tries the next; a bowl that slips out is
+    grasped again."""
 
     def __init__(self, bowl: str, plate: str, obstacles: list[str]):
         self.bowl, self.plate, self.obstacles = bowl, plate, obstacles
@@ -86,7 +90,7 @@ class SpatialExpert:
         scores = [min((np.linalg.norm(centre + RIM_RADIUS * side - o) - radius for o, radius in others), default=1.0) for side in SIDES]
         return [SIDES[i] for i in sorted(range(len(SIDES)), key=lambda i: (-round(scores[i], 3), i))]
 
-    def _use_side(self, side: np.ndarray, rotation: Rotation) -> None:
+    def _use_side(self, side: np.ndarray) -> None:
         self.side = side
         yaw = np.pi / 2 if abs(side[0]) > 0.5 else 0.0
         self.target_rotation = Rotation.from_euler("z", yaw) * self.home_rotation
@@ -102,7 +106,7 @@ class SpatialExpert:
         if self.home_rotation is None:
             self.home_rotation = rotation
             self.sides = self._rank_sides(observation, positions)
-            self._use_side(self.sides.pop(0), rotation)
+            self._use_side(self.sides.pop(0))
             self.lift_z = max(bowl[2] + GRASP_HEIGHT + CLEARANCE, TRAVEL_HEIGHT)
         grasp = np.array([*(bowl[:2] + RIM_RADIUS * self.side), bowl[2] + GRASP_HEIGHT])
         gripper = OPEN
@@ -115,7 +119,7 @@ class SpatialExpert:
             target = grasp
             blocked = self.phase_steps > 25 and eef[2] > grasp[2] + 0.02
             if blocked and self.sides:  # something is in the way on this side: try the next one
-                self._use_side(self.sides.pop(0), rotation)
+                self._use_side(self.sides.pop(0))
                 self._next("approach")
             elif self._reached(eef, target, 0.008) or self.phase_steps > 40:
                 self._next("close")
@@ -128,8 +132,7 @@ class SpatialExpert:
             target = eef  # the bowl slipped out: open up and grasp again
             self._next("approach")
         elif phase == "lift":
-            target, gripper = np.array([eef[0], eef[1], self.lift_z]), CLOSE
-            target[:2] = grasp[:2]
+            target, gripper = np.array([grasp[0], grasp[1], self.lift_z]), CLOSE
             if eef[2] > self.lift_z - 0.02 or self.phase_steps > 40:
                 self._next("carry")
         elif phase == "carry":  # the held bowl's centre over the plate's
