@@ -30,6 +30,8 @@ DROPPED = 0.04
 """The bowl has left the hand when it moved this far (m) from where it was held."""
 OPEN, CLOSE = -1.0, 1.0
 
+HIGHEST = 1.22
+"""Highest travel height (world z, m): above it the arm reaches the far side of the table (the cabinet) only slowly."""
 TABLE_HEIGHT = 0.9
 """World z of the table top in LIBERO's table scenes (m)."""
 TRAVEL_HEIGHT = 1.12
@@ -107,7 +109,7 @@ class SpatialExpert:
             self.home_rotation = rotation
             self.sides = self._rank_sides(observation, positions)
             self._use_side(self.sides.pop(0))
-            self.lift_z = max(bowl[2] + GRASP_HEIGHT + CLEARANCE, TRAVEL_HEIGHT)
+            self.lift_z = min(max(bowl[2] + GRASP_HEIGHT + CLEARANCE, TRAVEL_HEIGHT), HIGHEST)
         grasp = np.array([*(bowl[:2] + RIM_RADIUS * self.side), bowl[2] + GRASP_HEIGHT])
         gripper = OPEN
         phase = self.phase
