@@ -24,7 +24,7 @@ import torch
 
 from worldloop.envs.protocol import EnvReset, EnvStep, check_actions
 from worldloop.sims.experts import ExpertPlan
-from worldloop.sims.tasks import check_task, instruction, resolve_tasks
+from worldloop.sims.tasks import ALL_TASKS, check_task, instruction, resolve_tasks
 from worldloop.sims.configuration import METAWORLD_CAMERAS
 from worldloop.sims.worker import ACTION_DIM, DEFAULT_MAX_STEPS, STATE_DIM, SimWorker, worker_main
 from worldloop.utils.gl import RenderingUnavailable
@@ -43,7 +43,10 @@ class MetaWorldVecEnv:
     simulator = "Meta-World"
 
     def check_task(self, name: str) -> str:
-        return check_task(name)
+        task = check_task(name)
+        if task not in ALL_TASKS:
+            raise ValueError(f"'{name}' is not a Meta-World task: set sim.backend=libero for LIBERO's")
+        return task
 
     def resolve_tasks(self, sim_config) -> list[str]:
         return resolve_tasks(sim_config)

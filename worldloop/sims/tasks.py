@@ -82,8 +82,7 @@ INSTRUCTIONS: dict[str, str] = {
 
 
 def is_libero_task(name: str) -> bool:
-    suite, _, index = name.rpartition("-")
-    return suite in LIBERO_TASKS and name in LIBERO_TASKS[suite]
+    return any(name in tasks for tasks in LIBERO_TASKS.values())
 
 
 def check_task(name: str) -> str:
