@@ -19,7 +19,7 @@ import torch
 from worldloop.config import ConfigError, load_config
 from worldloop.rl.evaluate import eval_seed
 from worldloop.sims.configuration import SimConfig, use_suite
-from worldloop.sims.libero import MISSING, libero_available
+from worldloop.sims.libero_setup import MISSING, libero_available
 from worldloop.sims.tasks import check_task, resolve_tasks
 
 needs_libero = pytest.mark.skipif(not libero_available(), reason=MISSING)
@@ -101,7 +101,8 @@ def test_libero_step_gives_frames_state_and_no_success_for_standing_still(spatia
 
 @needs_libero
 def test_reset_starts_from_the_fixed_initial_state_of_the_seed(spatial_env):
-    from worldloop.sims.libero import SETTLE_STEPS, init_states
+    from worldloop.sims.libero import SETTLE_STEPS
+    from worldloop.sims.libero_setup import init_states
 
     env = spatial_env
     states = init_states("libero_spatial-0")

@@ -13,6 +13,8 @@ LIBERO_CAMERAS = ("agentview", "robot0_eye_in_hand")
 """Cameras of LIBERO's scenes: the third-person view and the wrist camera."""
 LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10")
 """LIBERO's task suites (10 tasks each, 50 fixed initial states per task)."""
+LIBERO_TASKS: dict[str, list[str]] = {suite: [f"{suite}-{index}" for index in range(10)] for suite in LIBERO_SUITES}
+"""LIBERO's task names by suite, in the benchmark's order (task order 0)."""
 SUITES = ("mt10", "mt50") + LIBERO_SUITES
 """Named task suites (Meta-World's task lists come from its registry: worldloop.sims.tasks)."""
 

@@ -12,10 +12,7 @@ import difflib
 
 from metaworld.env_dict import ALL_V3_ENVIRONMENTS, MT10_V3, MT50_V3
 
-from worldloop.sims.configuration import LIBERO_SUITES
-
-LIBERO_TASKS: dict[str, list[str]] = {suite: [f"{suite}-{index}" for index in range(10)] for suite in LIBERO_SUITES}
-"""LIBERO's task names by suite, in the benchmark's order (task order 0)."""
+from worldloop.sims.configuration import LIBERO_SUITES, LIBERO_TASKS
 SUITE_TASKS: dict[str, list[str]] = {
     "mt10": list(MT10_V3.keys()),
     "mt50": list(MT50_V3.keys()),
@@ -114,7 +111,7 @@ def instruction(task: str) -> str:
     """The English instruction for ``task`` (LIBERO's tasks need the ``[libero]`` extra)."""
     task = check_task(task)
     if is_libero_task(task):
-        from worldloop.sims.libero import libero_instruction
+        from worldloop.sims.libero_setup import libero_instruction
 
         return libero_instruction(task)
     return INSTRUCTIONS[task]
@@ -122,7 +119,7 @@ def instruction(task: str) -> str:
 
 def known_instructions() -> dict[str, str]:
     """Every task's instruction by task name: Meta-World's, and LIBERO's where the extra is installed."""
-    from worldloop.sims.libero import libero_available, libero_instruction
+    from worldloop.sims.libero_setup import libero_available, libero_instruction
 
     known = dict(INSTRUCTIONS)
     if libero_available():
