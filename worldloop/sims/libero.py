@@ -20,10 +20,10 @@ stepping as Meta-World (:class:`worldloop.sims.metaworld.MetaWorldVecEnv`); what
   LIBERO pipeline flips them);
 - the scripted expert exists for LIBERO-Spatial (:mod:`worldloop.sims.libero_expert`).
 
-An episode is not bit-for-bit reproducible across what ran before it in the same process: after the same
-initial state and the same actions the robot ends in the same place, but an object can sit a few millimetres
-elsewhere (measured 2026-12-04: the drawer task's bowl 2-8 mm after 50 steps, with robosuite's hard reset too).
-Rates are stable; a marginal episode's verdict can flip between runs.
+An episode is not bit-for-bit reproducible: after the same initial state and the same actions the robot ends
+in the same place, but an object can sit a few millimetres elsewhere (measured 2026-12-04: the drawer task's bowl
+2-8 mm after 50 steps, with robosuite's hard reset too). Rates are stable; a marginal episode's verdict can flip
+between runs.
 
 LIBERO's config file and asset paths: :mod:`worldloop.sims.libero_setup`.
 """
