@@ -46,8 +46,6 @@ SETTLE_STEPS = 10
 """No-op steps after setting an initial state, before the episode starts."""
 SETTLE_ACTION = np.array([0, 0, 0, 0, 0, 0, -1.0])
 """The no-op: stay, gripper open."""
-NUM_INIT_STATES = 50
-"""Fixed initial states per task."""
 STATE_DIM = 8
 ACTION_DIM = 7
 
