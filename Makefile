@@ -1,5 +1,5 @@
 # Two entry points: `make demo` (the main job on the tiny-cpu preset) and `make test`.
-# Both create .venv when it is absent and install worldloop into it.
+# Both create .venv when it is absent and install worldloop into it, with the LIBERO extra (its tests need it).
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -22,7 +22,8 @@ endif
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -c "import torch, torchvision" 2>/dev/null || $(PY) -m pip install -q $(TORCH_PINS)
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,libero]'
+	$(PY) -m pip install -q --no-deps rlinf-libero==0.1.3
 	@touch $@
 
 render-deps: $(VENV)/.installed

@@ -20,7 +20,7 @@ RUN = RunSpec(PLAN_DEFINING, not_defining=("episodes_per_task",), final=False)  
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="dataset folder (created, or resumed when it exists)")
-    parser.add_argument("--policy", default="expert", help="who acts: 'expert' (Meta-World's scripted policies) or a policy model folder (samples at eval.temperature, or eval.greedy)")
+    parser.add_argument("--policy", default="expert", help="who acts: 'expert' (the simulator's scripted policies: Meta-World's, LIBERO-Spatial's) or a policy model folder (samples at eval.temperature, or eval.greedy)")
     parser.add_argument("--episodes-per-task", type=int, default=None, help="overrides collect.episodes_per_task")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 

@@ -15,7 +15,8 @@ RUN = RunSpec(("seed", "sim", "eval"))
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", required=True, help="model folder, or 'expert' for the scripted experts")
     parser.add_argument("--out", required=True, help="folder for results.json, results.md, videos/ and config.yaml")
-    parser.add_argument("--suite", default=None, help="task suite (default: sim.suite); clears sim.tasks")
+    parser.add_argument("--suite", default=None, help="task suite (default: sim.suite), e.g. mt10 or libero_spatial (10 tasks x 50 initial "
+                        "states with --episodes-per-task 50); clears sim.tasks and picks the suite's simulator")
     parser.add_argument("--tasks", default=None, help="comma-separated task names instead of a suite")
     parser.add_argument("--episodes-per-task", type=int, default=None, help="episodes per task (default: eval.episodes_per_task)")
     parser.add_argument("--num-envs", type=int, default=None, help="environments stepped together (default: eval.num_envs)")
@@ -34,13 +35,14 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from worldloop.config import save_config
     from worldloop.policies import load_policy
     from worldloop.rl.evaluate import evaluate_policy, evaluation_seeds, paired_eval_change, results_table
+    from worldloop.sims.configuration import use_suite
     from worldloop.sims.tasks import resolve_tasks
     from worldloop.utils.device import resolve_device
     from worldloop.utils.io import atomic_write_json
     from worldloop.utils.stats import format_paired
 
     if args.suite is not None:
-        config.sim.suite, config.sim.tasks = args.suite, []
+        use_suite(config.sim, args.suite)
     if args.tasks:
         config.sim.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if args.episodes_per_task is not None:

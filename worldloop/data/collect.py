@@ -37,11 +37,11 @@ class PlannedEpisode:
     key: str
     """'task/episode', unique in a dataset: what a resumed collection skips."""
     task: str
-    """Meta-World task name."""
+    """Simulator task name."""
     episode: int
     """Index of the episode within its task (0..N-1)."""
     seed: int
-    """Simulator seed (initial state and goal)."""
+    """Simulator seed (Meta-World: initial state and goal; LIBERO: fixed initial state seed % 50)."""
     noisy: bool
     """Collected with the noisy expert."""
 
@@ -148,6 +148,7 @@ def collect(
     from worldloop.data.writer import DatasetWriter
     from worldloop.sims import make_env
     from worldloop.sims.tasks import instruction, resolve_tasks
+    from worldloop.utils.registry import SIMULATORS
 
     out = Path(out)
     try:
@@ -161,7 +162,8 @@ def collect(
     save_config(config, out)
     driver = driver or expert_driver
     start = time.time()
-    with DatasetWriter(out, fps=config.collect.fps, image_size=config.sim.image_size, action_dim=4, state_dim=39) as writer:
+    simulator = SIMULATORS.get(config.sim.backend)
+    with DatasetWriter(out, fps=config.collect.fps, image_size=config.sim.image_size, action_dim=simulator.action_dim, state_dim=simulator.state_dim) as writer:
         others = sorted({str(r.get("worldloop/policy")) for r in writer.episode_rows()} - {policy_name})
         if others:
             raise ConfigError(f"{out} holds episodes collected by policy {', '.join(others)}; collect with --policy {policy_name} into another folder")

@@ -46,7 +46,7 @@ from worldloop.rl.rollout import (
     trajectory_tracking,
 )
 from worldloop.sims import make_env
-from worldloop.sims.tasks import INSTRUCTIONS, resolve_tasks, sim_tasks
+from worldloop.sims.tasks import instruction, resolve_tasks, sim_tasks
 from worldloop.utils.io import atomic_write_json, read_json
 from worldloop.utils.stats import agreement_beyond_chance, format_kappa, kappa_above_chance
 
@@ -67,7 +67,7 @@ def reality_check(config: Config, tasks: list[str], world_model, judge, dataset,
         closers.append(real_env)
         gap_env = None
         if world_model is not None and judge is not None:
-            horizon = -(-config.sim.max_steps // world_model.chunk_size) * world_model.chunk_size
+            horizon = -(-real_env.max_steps // world_model.chunk_size) * world_model.chunk_size
             gap_env = imagined_env(config, world_model, judge, dataset, None, count, 1, horizon, device, kir_ratio=0.0)
     keyframe_env = None
     if keyframes and gap_env is not None:
@@ -249,9 +249,10 @@ def imagined_env(config: Config, world_model, judge, dataset, keyframes: str | N
 
 def instruction_of(task: str) -> str:
 
-    if task not in INSTRUCTIONS:
-        raise ConfigError(f"--tasks: unknown simulator task '{task}'")
-    return INSTRUCTIONS[task]
+    try:
+        return instruction(task)
+    except ValueError as error:
+        raise ConfigError(f"--tasks: {error}") from None
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,12 @@ suite), disjoint from collection seeds, which stay below 2**31 = the default ``s
 on every environment in one batched forward. Sampling draws from one generator seeded with
 ``config.seed``, so two runs of the same checkpoint on the CPU give identical numbers.
 
+LIBERO follows the standard protocol (OpenVLA-OFT's): episode e of a task starts from the task's fixed
+initial state e (50 per task), so 50 episodes per task cover them all once.
+
 The scripted expert (``policy="expert"``) runs through the same path with ``env.step_expert()``:
-its success rate (~100% on MT10) is the evaluator's sanity check.
+its success rate (~100% on MT10) is the evaluator's sanity check. Without videos it runs the physics
+only (``make_env(render=False)``): it reads the simulator's state, not frames.
 """
 
 from __future__ import annotations
@@ -26,8 +30,12 @@ from worldloop.utils.stats import rate_with_stderr
 
 
 def eval_seed(task: str, episode: int, seed_offset: int) -> int:
-    from worldloop.sims.tasks import ALL_TASKS
+    """Meta-World: the scene seed of ``episode``. LIBERO: the index of the task's fixed initial state, ``episode`` itself
+    (the standard protocol: episodes 0..49 start from the 50 initial states in order)."""
+    from worldloop.sims.tasks import ALL_TASKS, is_libero_task
 
+    if is_libero_task(task):
+        return episode
     return seed_offset + 1000 * ALL_TASKS.index(task) + episode
 
 
@@ -95,7 +103,7 @@ def evaluate_policy(
         if is_expert:
             raise ValueError("the scripted expert acts on the simulator's state, not on frames: --world-model applies to policies")
         vae = world_model_vae(world_model, config.sim.image_size).to(policy.device)
-    env = make_env(config, num_envs, tasks=tasks)
+    env = make_env(config, num_envs, tasks=tasks, render=not (is_expert and videos_per_task == 0))
     if vae is not None:  # the policy sees the simulator through the world model's VAE, as it sees imagination
         from worldloop.envs.codec import CodecObservations
 

@@ -31,10 +31,12 @@ MAX_PER_EPISODE = 4
 """At most this many keyframes per episode (evenly chosen among the candidates)."""
 FAILURE_STRIDE = 16
 """In a failed rollout, one keyframe every this many frames (plus its gripper changes)."""
-GRIPPER = 3
-"""Index of the gripper command in the action (Meta-World: xyz delta, gripper)."""
+GRIPPER = -1
+"""Index of the gripper command in the action: the last (Meta-World: xyz delta, gripper; LIBERO: xyz, rotation, gripper)."""
 OBJECT = slice(4, 7)
 """The first object's position in the state (Meta-World's 39-d observation)."""
+METAWORLD_STATE_DIM = 39
+"""Only Meta-World's state holds an object's position (LIBERO's is the robot's proprioception)."""
 CONTACT_SPEED = 2e-3
 """Object displacement per step (simulator units) above which it counts as moved."""
 SETTLE_FRAMES = 5
@@ -43,7 +45,7 @@ SETTLE_FRAMES = 5
 
 def gripper_changes(actions: np.ndarray) -> list[int]:
     """Frames t at which the gripper command's sign flips (t is the first action of the new sign); [] without a gripper."""
-    if actions.ndim != 2 or actions.shape[1] <= GRIPPER:
+    if actions.ndim != 2 or actions.shape[1] < 2:
         return []
     sign = np.sign(actions[:, GRIPPER])
     return [int(t) for t in np.nonzero(sign[1:] * sign[:-1] < 0)[0] + 1]
@@ -51,7 +53,7 @@ def gripper_changes(actions: np.ndarray) -> list[int]:
 
 def contacts(state: np.ndarray | None) -> list[int]:
     """Frames t at which the first object starts to move (after the settling frames); [] without a Meta-World state."""
-    if state is None or state.shape[1] < OBJECT.stop:
+    if state is None or state.shape[1] != METAWORLD_STATE_DIM:
         return []
     moving = np.linalg.norm(np.diff(state[:, OBJECT], axis=0), axis=1) > CONTACT_SPEED  # moving[t]: between t and t+1
     onsets = np.nonzero(moving[1:] & ~moving[:-1])[0] + 1

@@ -70,20 +70,23 @@ def plan_episode(expert_config, noisy: bool, seed: int, perturb_start: tuple[int
 
 
 class ScriptedExpert:
-    """Meta-World's scripted policy for one task, following one :class:`ExpertPlan`."""
+    """A scripted policy for one task, following one :class:`ExpertPlan`: Meta-World's own unless
+    ``policy`` (anything with ``get_action(observation)``) is given."""
 
-    def __init__(self, task: str, plan: ExpertPlan):
-        from metaworld.policies import ENV_POLICY_MAP
+    def __init__(self, task: str, plan: ExpertPlan, policy=None):
+        if policy is None:
+            from metaworld.policies import ENV_POLICY_MAP
 
-        if task not in ENV_POLICY_MAP:
-            raise ValueError(f"Meta-World has no scripted policy for task '{task}'")
-        self.policy = ENV_POLICY_MAP[task]()
+            if task not in ENV_POLICY_MAP:
+                raise ValueError(f"Meta-World has no scripted policy for task '{task}'")
+            policy = ENV_POLICY_MAP[task]()
+        self.policy = policy
         self.plan = plan
         self.rng = np.random.default_rng([plan.seed, 104729])
         self.noise: np.ndarray | None = None  # the draw being held
 
     def act(self, observation: np.ndarray, step: int) -> np.ndarray:
-        """The (4,) float32 action in [-1, 1] for Meta-World's 39-d ``observation`` at episode step ``step``."""
+        """The float32 action in [-1, 1] (Meta-World: (4,)) for ``observation`` (Meta-World: 39-d) at episode step ``step``."""
         plan = self.plan
         action = np.asarray(self.policy.get_action(observation), dtype=np.float64)
         perturbing = plan.perturb_start >= 0 and plan.perturb_start <= step < plan.perturb_start + plan.perturb_length

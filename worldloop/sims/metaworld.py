@@ -24,29 +24,52 @@ import torch
 
 from worldloop.envs.protocol import REWARD_SCALE, EnvReset, EnvStep, check_actions
 from worldloop.sims.experts import ExpertPlan
-from worldloop.sims.tasks import check_task, instruction, resolve_tasks
+from worldloop.sims.tasks import ALL_TASKS, check_task, instruction, resolve_tasks
 from worldloop.sims.configuration import METAWORLD_CAMERAS
-from worldloop.sims.worker import ACTION_DIM, STATE_DIM, SimWorker, worker_main
+from worldloop.sims.worker import ACTION_DIM, DEFAULT_MAX_STEPS, STATE_DIM, SimWorker, worker_main
 from worldloop.utils.gl import RenderingUnavailable
 
 
 class MetaWorldVecEnv:
-    """N Meta-World episodes, each with its own task, seed, step counter and done flag."""
+    """N Meta-World episodes, each with its own task, seed, step counter and done flag.
+
+    Another simulator (:class:`worldloop.sims.libero.LiberoVecEnv`) reuses the processes and the
+    chunked stepping by setting ``worker_class``, ``cameras`` and the task hooks below."""
 
     action_dim = ACTION_DIM
     state_dim = STATE_DIM
+    worker_class: type = SimWorker
+    cameras = METAWORLD_CAMERAS
+    simulator = "Meta-World"
 
-    def __init__(self, sim_config, num_envs: int, tasks: Sequence[str] | None = None):
+    def check_task(self, name: str) -> str:
+        task = check_task(name)
+        if task not in ALL_TASKS:
+            raise ValueError(f"'{name}' is not a Meta-World task: set sim.backend=libero for LIBERO's")
+        return task
+
+    def resolve_tasks(self, sim_config) -> list[str]:
+        return resolve_tasks(sim_config)
+
+    def instruction(self, task: str) -> str:
+        return instruction(task)
+
+    def default_max_steps(self, task: str) -> int:
+        """The task's episode length when sim.max_steps is 0."""
+        return DEFAULT_MAX_STEPS
+
+    def __init__(self, sim_config, num_envs: int, tasks: Sequence[str] | None = None, render: bool = True):
+        """``render=False`` runs the physics only (black frames): for the scripted experts, which read the state."""
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-        if sim_config.camera not in METAWORLD_CAMERAS:
-            raise ValueError(f"sim.camera = '{sim_config.camera}' is not a Meta-World camera; allowed: {', '.join(METAWORLD_CAMERAS)}")
+        if sim_config.camera not in self.cameras:
+            raise ValueError(f"sim.camera = '{sim_config.camera}' is not a {self.simulator} camera; allowed: {', '.join(self.cameras)}")
         self.config = sim_config
-        self.task_names = [check_task(t) for t in tasks] if tasks else resolve_tasks(sim_config)
+        self.task_names = [self.check_task(t) for t in tasks] if tasks else self.resolve_tasks(sim_config)
         self.num_envs = num_envs
         self.chunk_size = sim_config.chunk_size
         self.image_size = sim_config.image_size
-        self.max_steps = sim_config.max_steps
+        self.max_steps = sim_config.max_steps or max(self.default_max_steps(t) for t in self.task_names)
         self.device = torch.device("cpu")
         self.instructions: list[str] = []
         self._steps = torch.zeros(num_envs, dtype=torch.int64)
@@ -61,14 +84,14 @@ class MetaWorldVecEnv:
         self._processes: list[mp.process.BaseProcess] = []
         self._conns: list = []
         if num_workers == 1:
-            self._local = SimWorker(sim_config, num_envs)
+            self._local = self.worker_class(sim_config, num_envs, render)
         else:
             context = mp.get_context("spawn")
             for block in self._blocks:
                 parent_conn, child_conn = context.Pipe()
                 process = context.Process(
                     target=worker_main,
-                    args=(child_conn, sim_config, block.stop - block.start, os.getpid()),
+                    args=(child_conn, sim_config, block.stop - block.start, os.getpid(), self.worker_class, render),
                     daemon=True,
                     name=f"worldloop-sim-{block.start}",
                 )
@@ -98,7 +121,7 @@ class MetaWorldVecEnv:
         plans = list(expert_plans) if expert_plans is not None else [ExpertPlan(seed=int(s)) for s in seeds]
         items = [(task, int(seed), plan) for task, seed, plan in zip(tasks, seeds, plans)]
         result = self._call("reset", [items[b] for b in self._blocks])
-        self.instructions = [instruction(t) for t in tasks]
+        self.instructions = [self.instruction(t) for t in tasks]
         self._steps.zero_()
         self._ever_success.zero_()
         self._done.zero_()
@@ -118,7 +141,7 @@ class MetaWorldVecEnv:
         return self._step([actions_np[b] for b in self._blocks])[0]
 
     def step_expert(self) -> tuple[EnvStep, torch.Tensor]:
-        """One chunk of Meta-World's scripted experts, closed loop, following each env's expert plan.
+        """One chunk of the simulator's scripted experts, closed loop, following each env's expert plan.
         Returns the step and the (N, K, A) actions taken (zeros after an episode is done)."""
         return self._step([None] * len(self._blocks))
 
@@ -140,7 +163,7 @@ class MetaWorldVecEnv:
 
     def _task_name(self, task_id: int | str) -> str:
         if isinstance(task_id, str):
-            return check_task(task_id)
+            return self.check_task(task_id)
         index = int(task_id)
         if not 0 <= index < len(self.task_names):
             raise ValueError(f"task id {index} is out of range: this env has {len(self.task_names)} tasks ({', '.join(self.task_names)})")

@@ -1,8 +1,9 @@
-"""Meta-World task names, suites and the English instruction we give each task.
+"""Task names, suites and the English instruction of each task.
 
-Suites come from Meta-World's own registry (``metaworld.env_dict``), so MT10/MT50 are exactly
-the benchmark's task lists. Instructions are ours: short imperative sentences a person would
-say to the robot.
+Meta-World's suites come from its own registry (``metaworld.env_dict``), so MT10/MT50 are exactly
+the benchmark's task lists; their instructions are ours: short imperative sentences a person would
+say to the robot. LIBERO's tasks are named ``<suite>-<index>`` (``libero_spatial-4``: task 4 of
+LIBERO-Spatial in the benchmark's order); their instructions are LIBERO's own (the ``[libero]`` extra).
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import difflib
 
 from metaworld.env_dict import ALL_V3_ENVIRONMENTS, MT10_V3, MT50_V3
 
+from worldloop.sims.configuration import LIBERO_SUITES, LIBERO_TASKS
 SUITE_TASKS: dict[str, list[str]] = {
     "mt10": list(MT10_V3.keys()),
     "mt50": list(MT50_V3.keys()),
+    **LIBERO_TASKS,
 }
-"""Named task suites, in Meta-World's order."""
+"""Named task suites, in Meta-World's and LIBERO's order."""
 
 ALL_TASKS: list[str] = list(ALL_V3_ENVIRONMENTS.keys())
 """Every Meta-World v3 task name."""
@@ -75,10 +78,18 @@ INSTRUCTIONS: dict[str, str] = {
 """One English instruction per Meta-World v3 task."""
 
 
+def is_libero_task(name: str) -> bool:
+    return any(name in tasks for tasks in LIBERO_TASKS.values())
+
+
 def check_task(name: str) -> str:
-    """The canonical task name for ``name`` ('drawer-open' or 'drawer-open-v3'); a clear error if unknown."""
+    """The canonical task name for ``name`` ('drawer-open' or 'drawer-open-v3', 'libero_spatial-4'); a clear error if unknown."""
     if not isinstance(name, str):
         raise TypeError(f"a task name must be a string, got {type(name).__name__}: {name!r}")
+    if is_libero_task(name):
+        return name
+    if name.startswith("libero"):
+        raise ValueError(f"unknown LIBERO task '{name}'; LIBERO tasks are <suite>-<0..9> with suite one of {', '.join(LIBERO_SUITES)}")
     if name in ALL_V3_ENVIRONMENTS:
         return name
     if f"{name}-v3" in ALL_V3_ENVIRONMENTS:
@@ -97,8 +108,23 @@ def suite_tasks(name: str) -> list[str]:
 
 
 def instruction(task: str) -> str:
-    """Our English instruction for ``task``."""
-    return INSTRUCTIONS[check_task(task)]
+    """The English instruction for ``task`` (LIBERO's tasks need the ``[libero]`` extra)."""
+    task = check_task(task)
+    if is_libero_task(task):
+        from worldloop.sims.libero_setup import libero_instruction
+
+        return libero_instruction(task)
+    return INSTRUCTIONS[task]
+
+
+def known_instructions() -> dict[str, str]:
+    """Every task's instruction by task name: Meta-World's, and LIBERO's where the extra is installed."""
+    from worldloop.sims.libero_setup import libero_available, libero_instruction
+
+    known = dict(INSTRUCTIONS)
+    if libero_available():
+        known.update({task: libero_instruction(task) for tasks in LIBERO_TASKS.values() for task in tasks})
+    return known
 
 
 def resolve_tasks(sim_config) -> list[str]:
@@ -113,11 +139,11 @@ def resolve_tasks(sim_config) -> list[str]:
 
 
 def sim_tasks(instructions: list[str]) -> list[str]:
-    """Simulator task names of a dataset's instructions (Meta-World's instruction table)."""
+    """Simulator task names of a dataset's instructions (Meta-World's instruction table, and LIBERO's)."""
     from worldloop.config import ConfigError
 
-    by_instruction = {text: task for task, text in INSTRUCTIONS.items()}
+    by_instruction = {text: task for task, text in known_instructions().items()}
     unknown = [text for text in instructions if text not in by_instruction]
     if unknown:
-        raise ConfigError(f"instructions {unknown[:3]} are not Meta-World tasks: --policy rollouts need the simulator's tasks")
+        raise ConfigError(f"instructions {unknown[:3]} are not simulator tasks: --policy rollouts need the simulator's tasks")
     return [by_instruction[text] for text in instructions]

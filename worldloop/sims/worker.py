@@ -24,6 +24,9 @@ import numpy as np
 from worldloop.sims.experts import ExpertPlan, ScriptedExpert
 from worldloop.utils.gl import RenderingUnavailable
 
+DEFAULT_MAX_STEPS = 200
+"""Meta-World's episode length when sim.max_steps is 0."""
+
 STATE_DIM = 39
 """Meta-World's observation vector: hand, gripper, two objects (pos + quat), previous frame, goal."""
 ACTION_DIM = 4
@@ -49,6 +52,7 @@ class MetaWorldTask:
         env.max_path_length = max(env.max_path_length, max_steps)
         self.env = env
         self.task = task
+        self.max_steps = max_steps
 
         model = env.model
         self.camera_id = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
@@ -79,6 +83,9 @@ class MetaWorldTask:
         observation, _, _, _, info = self.env.step(action)
         return observation, bool(info["success"])
 
+    def state(self, observation: np.ndarray) -> np.ndarray:
+        return observation.astype(np.float32)
+
     def render(self) -> np.ndarray:
         """(H, W, 3) uint8, right side up."""
         self.renderer.update_scene(self.env.data, camera=self.camera_id)
@@ -95,9 +102,9 @@ class Episode:
     """Bookkeeping of the episode running in one slot."""
 
     task: str
-    sim: MetaWorldTask
+    sim: MetaWorldTask  # or another simulator's task object
     expert: ScriptedExpert
-    observation: np.ndarray
+    observation: np.ndarray  # what the simulator's expert reads
     frame: np.ndarray
     steps: int = 0
     first_success: int = -1  # step count at the first success, -1 before
@@ -106,10 +113,25 @@ class Episode:
 
 
 class SimWorker:
-    """Steps the episodes of a few environment slots, a whole action chunk per call."""
+    """Steps the episodes of a few environment slots, a whole action chunk per call.
 
-    def __init__(self, sim_config, num_slots: int):
+    The simulator-specific parts are :meth:`make_task` and :meth:`make_expert`; a task object has
+    ``task``, ``max_steps``, ``reset(seed) -> observation``, ``step(action) -> (observation, success)``,
+    ``render()``, ``state(observation)`` and ``close()`` (Meta-World: :class:`MetaWorldTask`)."""
+
+    state_dim = STATE_DIM
+    action_dim = ACTION_DIM
+
+    def make_task(self, task: str):
+        c = self.config
+        return MetaWorldTask(task, c.image_size, c.camera, c.max_steps or DEFAULT_MAX_STEPS)
+
+    def make_expert(self, task: str, sim, plan: ExpertPlan) -> ScriptedExpert:
+        return ScriptedExpert(task, plan)
+
+    def __init__(self, sim_config, num_slots: int, render: bool = True):
         self.config = sim_config
+        self.render = render  # False: black frames, physics only
         self.num_slots = num_slots
         self.episodes: list[Episode | None] = [None] * num_slots
         self.idle: list[MetaWorldTask] = []  # environments of finished episodes, least recently used first
@@ -123,15 +145,12 @@ class SimWorker:
         self.episodes = [None] * self.num_slots
         for slot, (task, seed, plan) in enumerate(items):
             reusable = [i for i, sim in enumerate(self.idle) if sim.task == task]
-            if reusable:
-                sim = self.idle.pop(reusable[-1])
-            else:
-                sim = MetaWorldTask(task, c.image_size, c.camera, c.max_steps)
+            sim = self.idle.pop(reusable[-1]) if reusable else self.make_task(task)
             observation = sim.reset(seed)
-            episode = Episode(task, sim, ScriptedExpert(task, plan), observation, sim.render())
+            episode = Episode(task, sim, self.make_expert(task, sim, plan), observation, self._render(sim))
             self.episodes[slot] = episode
             frames.append(episode.frame)
-            states.append(observation.astype(np.float32))
+            states.append(sim.state(observation))
         while len(self.idle) > self.num_slots:
             self.idle.pop(0).close()
         return {"frames": np.stack(frames), "state": np.stack(states)}
@@ -145,8 +164,8 @@ class SimWorker:
             "frames": np.empty((n, K, size, size, 3), np.uint8),
             "success": np.zeros((n, K), bool),
             "done": np.zeros((n, K), bool),
-            "state": np.empty((n, K, STATE_DIM), np.float32),
-            "actions": np.zeros((n, K, ACTION_DIM), np.float32),
+            "state": np.empty((n, K, self.state_dim), np.float32),
+            "actions": np.zeros((n, K, self.action_dim), np.float32),
             "steps": np.zeros(n, np.int64),
         }
         for slot, episode in enumerate(self.episodes):
@@ -159,19 +178,26 @@ class SimWorker:
                     else:
                         action = actions[slot, k]
                     episode.observation, episode.success = episode.sim.step(action)
-                    episode.frame = episode.sim.render()
+                    episode.frame = self._render(episode.sim)
                     episode.steps += 1
                     if episode.success and episode.first_success < 0:
                         episode.first_success = episode.steps
                     held = episode.first_success >= 0 and episode.steps >= episode.first_success + c.success_hold_steps
-                    episode.done = held or episode.steps >= c.max_steps
+                    episode.done = held or episode.steps >= (c.max_steps or episode.sim.max_steps)
                     out["actions"][slot, k] = action
                 out["frames"][slot, k] = episode.frame
                 out["success"][slot, k] = episode.success
                 out["done"][slot, k] = episode.done
-                out["state"][slot, k] = episode.observation
+                out["state"][slot, k] = episode.sim.state(episode.observation)
             out["steps"][slot] = episode.steps
         return out
+
+    def _render(self, sim) -> np.ndarray:
+        """The frame after the last step; black when rendering is off (physics only)."""
+        if self.render:
+            return sim.render()
+        size = self.config.image_size
+        return np.zeros((size, size, 3), np.uint8)
 
     def close(self) -> None:
         for sim in self.idle + [episode.sim for episode in self.episodes if episode is not None]:
@@ -191,7 +217,7 @@ def _die_with_parent() -> None:
             pass
 
 
-def worker_main(conn, sim_config, num_slots: int, parent_pid: int) -> None:
+def worker_main(conn, sim_config, num_slots: int, parent_pid: int, worker_class: type = SimWorker, render: bool = True) -> None:
     """Child-process loop: one (command, payload) message in, one (status, result) message out."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
     _die_with_parent()
@@ -199,7 +225,7 @@ def worker_main(conn, sim_config, num_slots: int, parent_pid: int) -> None:
         return
     worker = None
     try:
-        worker = SimWorker(sim_config, num_slots)
+        worker = worker_class(sim_config, num_slots, render)
         while True:
             try:
                 command, payload = conn.recv()

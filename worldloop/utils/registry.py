@@ -93,7 +93,7 @@ JUDGES = Registry(
     {"success_classifier": "worldloop.rewards.classifier:SuccessClassifier", "topreward": "worldloop.rewards.topreward:TOPReward"},
 )
 """Success judges by the ``kind`` in their folder's config.json, or by the name before ``=`` in a judge spec."""
-SIMULATORS = Registry("simulator", {"metaworld": "worldloop.sims.metaworld:MetaWorldVecEnv"})
+SIMULATORS = Registry("simulator", {"metaworld": "worldloop.sims.metaworld:MetaWorldVecEnv", "libero": "worldloop.sims.libero:LiberoVecEnv"})
 """Real simulators by ``sim.backend``."""
 WORLD_MODELS = Registry("world model", {"world_model": "worldloop.worldmodel.rollout:WorldModel"})
 """World models by the ``kind`` in their folder's config.json."""

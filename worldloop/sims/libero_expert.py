@@ -1,0 +1,168 @@
+"""A scripted pick-and-place expert for LIBERO-Spatial, driven by the simulator's object poses.
+
+Every LIBERO-Spatial task is "pick up the black bowl <somewhere> and place it on the plate": the
+goal predicate ``(On <bowl> <plate>)`` names the bowl and the plate. The expert grasps the bowl's
+rim from above on the side with the most free space (the gripper's fingers close along the radius,
+so the wrist yaws 90 degrees for the +-x sides), lifts it clear of whatever it stood on or in,
+carries it over the plate while tracking where the held bowl actually is, lowers it and lets go.
+
+Actions are LIBERO's 7-dim OSC_POSE deltas in [-1, 1]: xyz (x 0.05 m), rotation as a world-frame
+axis-angle (x 0.5 rad), gripper (-1 open, +1 close). This module imports no torch: simulator worker
+processes use it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.spatial.transform import Rotation
+
+POSITION_SCALE = 0.05
+"""Metres of end-effector motion per unit of position action (OSC_POSE's output range)."""
+ROTATION_SCALE = 0.5
+"""Radians of rotation per unit of rotation action."""
+RIM_RADIUS = 0.05
+"""Distance from the bowl's centre to the point between the fingertips at the grasp (m)."""
+GRASP_HEIGHT = 0.032
+"""Height of the fingertips above the bowl's origin at the grasp (the rim is ~5.3 cm high)."""
+CLEARANCE = 0.10
+"""Height above the bowl's rim at which the gripper approaches and carries (m)."""
+DROPPED = 0.04
+"""The bowl has left the hand when it moved this far (m) from where it was held."""
+OPEN, CLOSE = -1.0, 1.0
+
+HIGHEST = 1.22
+"""Highest travel height (world z, m): above it the arm reaches the far side of the table (the cabinet) only slowly."""
+TABLE_HEIGHT = 0.9
+"""World z of the table top in LIBERO's table scenes (m)."""
+TRAVEL_HEIGHT = 1.12
+"""Lowest height (world z, m) at which the gripper travels between objects: above the wooden cabinet's sides."""
+OBSTACLE_RADII = {"wooden_cabinet": 0.17, "flat_stove": 0.12, "cookies": 0.08}
+"""Rough horizontal extent (m) of the larger things next to a bowl; anything else counts 0.05."""
+
+
+def obstacle_radius(name: str) -> float:
+    return next((r for prefix, r in OBSTACLE_RADII.items() if name.startswith(prefix)), 0.05)
+
+
+DRAWER_REACH = 0.2
+"""A bowl closer than this (m, horizontally) to the wooden cabinet's centre lies in its open drawer."""
+
+SIDES = np.array([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]])
+"""Directions (world xy) from the bowl's centre to the candidate grasp points."""
+
+
+class SpatialExpert:
+    """Closed-loop expert for one LIBERO-Spatial episode: call :meth:`get_action` with each observation.
+
+    Phases: approach (above the grasp point at travel height, wrist turned), descend, close, lift, carry (the held
+    bowl over the plate), lower, release. A descent blocked on one side tries the next; a bowl that slips out is
+    grasped again."""
+
+    def __init__(self, bowl: str, plate: str, obstacles: list[str]):
+        self.bowl, self.plate, self.obstacles = bowl, plate, obstacles
+        self.phase = "approach"
+        self.phase_steps = 0
+        self.side: np.ndarray | None = None
+        self.sides: list[np.ndarray] = []  # grasp sides not tried yet, best first
+        self.home_rotation: Rotation | None = None
+        self.target_rotation: Rotation | None = None
+        self.hold_offset: np.ndarray | None = None  # end effector minus bowl while held (world)
+        self.lift_z = 0.0
+
+    @classmethod
+    def for_env(cls, env) -> "SpatialExpert":
+        """The expert for a LIBERO ``ControlEnv``'s goal ``(On bowl plate)``; other objects are obstacles."""
+        goal = env.env.parsed_problem["goal_state"]
+        if len(goal) != 1 or goal[0][0].lower() != "on":
+            raise ValueError(f"the Spatial expert handles one (On object target) goal, got {goal}")
+        _, bowl, plate = goal[0]
+        names = list(env.env.objects_dict) + list(env.env.fixtures_dict)
+        return cls(bowl, plate, [n for n in names if n not in (bowl, plate)])
+
+    # ------------------------------------------------------------------------------------------
+
+    def _rank_sides(self, observation: dict, positions: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Grasp sides, best first: by how far the rim point is from every other object's extent."""
+        centre = observation[f"{self.bowl}_pos"][:2]
+        cabinet = next((positions[n] for n in self.obstacles if n.startswith("wooden_cabinet") and n in positions), None)
+        raised = observation[f"{self.bowl}_pos"][2] > TABLE_HEIGHT + 0.08
+        if cabinet is not None and raised and np.linalg.norm(centre - cabinet[:2]) < DRAWER_REACH:
+            return [SIDES[0], SIDES[1]]  # in the drawer (or on the cabinet): the drawer's front and back walls leave room only along x
+        others = [(positions[n][:2], obstacle_radius(n)) for n in self.obstacles + [self.plate] if n in positions]
+        scores = [min((np.linalg.norm(centre + RIM_RADIUS * side - o) - radius for o, radius in others), default=1.0) for side in SIDES]
+        return [SIDES[i] for i in sorted(range(len(SIDES)), key=lambda i: (-round(scores[i], 3), i))]
+
+    def _use_side(self, side: np.ndarray) -> None:
+        self.side = side
+        yaw = np.pi / 2 if abs(side[0]) > 0.5 else 0.0
+        self.target_rotation = Rotation.from_euler("z", yaw) * self.home_rotation
+
+    def get_action(self, observation: dict) -> np.ndarray:
+        """The (7,) float32 action for ``observation``: LIBERO's observation dict, plus ``"positions"``,
+        the world position of every object and fixture (the obstacles)."""
+        positions = observation["positions"]
+        eef = observation["robot0_eef_pos"]
+        rotation = Rotation.from_quat(observation["robot0_eef_quat"])  # robosuite quats are xyzw
+        bowl = observation[f"{self.bowl}_pos"]
+        plate = observation[f"{self.plate}_pos"]
+        if self.home_rotation is None:
+            self.home_rotation = rotation
+            self.sides = self._rank_sides(observation, positions)
+            self._use_side(self.sides.pop(0))
+            self.lift_z = min(max(bowl[2] + GRASP_HEIGHT + CLEARANCE, TRAVEL_HEIGHT), HIGHEST)
+        grasp = np.array([*(bowl[:2] + RIM_RADIUS * self.side), bowl[2] + GRASP_HEIGHT])
+        gripper = OPEN
+        phase = self.phase
+        if phase == "approach":  # above the grasp point at travel height, wrist turned
+            target = np.array([grasp[0], grasp[1], self.lift_z])
+            if self._reached(eef, target, 0.015) and self._turned(rotation) or self.phase_steps > 60:
+                self._next("descend")
+        elif phase == "descend":
+            target = grasp
+            blocked = self.phase_steps > 25 and eef[2] > grasp[2] + 0.02
+            if blocked and self.sides:  # something is in the way on this side: try the next one
+                self._use_side(self.sides.pop(0))
+                self._next("approach")
+            elif self._reached(eef, target, 0.008) or self.phase_steps > 40:
+                self._next("close")
+        elif phase == "close":
+            target, gripper = grasp, CLOSE
+            if self.phase_steps >= 10:
+                self.hold_offset = eef - bowl
+                self._next("lift")
+        elif phase in ("lift", "carry", "lower") and self.phase_steps > 5 and np.linalg.norm(eef - bowl - self.hold_offset) > DROPPED:
+            target = eef  # the bowl slipped out: open up and grasp again
+            self._next("approach")
+        elif phase == "lift":
+            target, gripper = np.array([grasp[0], grasp[1], self.lift_z]), CLOSE
+            if eef[2] > self.lift_z - 0.02 or self.phase_steps > 40:
+                self._next("carry")
+        elif phase == "carry":  # the held bowl's centre over the plate's
+            offset = eef - bowl
+            target, gripper = np.array([plate[0] + offset[0], plate[1] + offset[1], self.lift_z]), CLOSE
+            if self._reached(eef[:2], target[:2], 0.01) or self.phase_steps > 80:
+                self._next("lower")
+        elif phase == "lower":
+            offset = eef - bowl
+            target, gripper = np.array([plate[0] + offset[0], plate[1] + offset[1], plate[2] + offset[2] + 0.015]), CLOSE
+            if eef[2] < target[2] + 0.01 or self.phase_steps > 40:
+                self._next("release")
+        else:  # release, then back off upwards
+            target = eef + [0, 0, 0.02] if self.phase_steps > 5 else eef
+        self.phase_steps += 1
+        return self._action(eef, rotation, target, gripper)
+
+    def _next(self, phase: str) -> None:
+        self.phase, self.phase_steps = phase, 0
+
+    def _reached(self, position: np.ndarray, target: np.ndarray, tolerance: float) -> bool:
+        return bool(np.linalg.norm(np.asarray(target) - position) < tolerance)
+
+    def _turned(self, rotation: Rotation) -> bool:
+        return (self.target_rotation * rotation.inv()).magnitude() < 0.1
+
+    def _action(self, eef: np.ndarray, rotation: Rotation, target: np.ndarray, gripper: float) -> np.ndarray:
+        move = (np.asarray(target) - eef) / POSITION_SCALE * 1.5
+        turn = (self.target_rotation * rotation.inv()).as_rotvec() / ROTATION_SCALE
+        action = np.concatenate([np.clip(move, -1, 1), np.clip(turn, -1, 1), [gripper]])
+        return action.astype(np.float32)
