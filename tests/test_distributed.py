@@ -191,6 +191,32 @@ def test_rl_on_two_ranks_keeps_groups_whole_and_the_weights_equal(tmp_path):
     assert (tmp_path / "two" / "results.json").is_file() and len(list((tmp_path / "two" / "tb").iterdir())) == 1
 
 
+def _shared_checks():
+    """Rank 0's checks choose the judge's thresholds and keep one task; every rank returns what it then judges with."""
+    from types import SimpleNamespace
+
+    from worldloop.diagnostics.reality import shared_checks
+
+    judge = SimpleNamespace(threshold=0.5, task_thresholds={})
+    ran = []
+
+    def rank_0_checks():
+        ran.append(distributed.rank())
+        judge.threshold, judge.task_thresholds = 0.9, {"open the door": 0.7}  # as calibrate_threshold applies its choice
+        return "check", "calibration", ["door-open-v3"]
+
+    check, calibration, kept = shared_checks(rank_0_checks, judge, ["door-open-v3", "reach-v3"])
+    return ran, check, kept, judge.threshold, judge.task_thresholds
+
+
+def test_rank_0_calibrates_the_judge_and_every_rank_judges_at_its_thresholds():
+    """rl.judge_threshold=replay under torchrun: rank 0 alone runs the checks and the calibration; the other rank takes
+    the thresholds it chose (per instruction too) and the tasks it kept, and has no check of its own."""
+    first, second = run_ranks(_shared_checks, 2)
+    assert first == ([0], "check", ["door-open-v3"], 0.9, {"open the door": 0.7})
+    assert second == ([], None, ["door-open-v3"], 0.9, {"open the door": 0.7})
+
+
 # ----------------------------------------------------------------------------------------------------- bench
 
 

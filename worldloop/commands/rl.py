@@ -49,7 +49,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from worldloop.config import save_config
     from worldloop.data.dataset import TrajectoryDataset
     from worldloop.diagnostics.monitor import train_watched
-    from worldloop.diagnostics.reality import instruction_of, load_rl_judge, rl_checks, training_env
+    from worldloop.diagnostics.reality import instruction_of, load_rl_judge, rl_checks, shared_checks, training_env
     from worldloop.policies import EXPERT, load_policy
     from worldloop.policies.modeling_vla import with_value_head
     from worldloop.rl.refine import world_model_refiner
@@ -75,9 +75,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
         chosen = args.tasks.split(",") if args.tasks else None
         env, tasks, sim_tasks = training_env(config, imagined, world_model, judge, dataset, args.keyframes, chosen, device, num_envs)
         closers.append(env)
-        check, calibration, kept = None, None, sim_tasks
-        if main:  # rank 0 alone runs the reality checks
-            check, calibration, kept = rl_checks(config, policy, world_model, judge, dataset, device, closers, sim_tasks, Path(args.out), args.keyframes)
+        check, calibration, kept = shared_checks(  # under torchrun, rank 0 checks and calibrates; every rank judges alike
+            lambda: rl_checks(config, policy, world_model, judge, dataset, device, closers, sim_tasks, Path(args.out), args.keyframes), judge, sim_tasks)
         if kept != sim_tasks:  # rl.train_tasks=tracked
             sim_tasks, tasks = kept, [instruction_of(task) for task in kept]
         refiner = None
@@ -115,8 +114,6 @@ def check_arguments(args: argparse.Namespace, rl) -> None:
                           "--world-model and --judge, when given, measure the imagination-reality gap")
     from worldloop.utils import distributed
 
-    if distributed.launched() and rl.judge_threshold == "replay" and rl.eval_episodes_per_task > 0:
-        raise ConfigError("rl.judge_threshold=replay calibrates the judge in one process: run it without torchrun, or give a threshold")
     if distributed.launched() and rl.refine_every > 0:
         raise ConfigError(f"rl.refine_every={rl.refine_every} refines the world model in one process: run it without torchrun, or set rl.refine_every=0")
     check_diagnostics(rl, bool(args.world_model), bool(args.judge))

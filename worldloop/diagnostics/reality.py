@@ -100,6 +100,23 @@ def rl_checks(config: Config, policy, world_model, judge, dataset, device, close
     return check, calibration, train_tasks
 
 
+def shared_checks(rl_checks_of_rank_0, judge, train_tasks: list[str]) -> tuple[Any, Any, list[str]]:
+    """rl's checks under torchrun: rank 0 runs ``rl_checks_of_rank_0()`` (the reality check and, with
+    rl.judge_threshold=replay, the judge's calibration); every other rank takes the thresholds rank 0 chose and the
+    tasks it kept, and runs no check. Without torchrun: ``rl_checks_of_rank_0()`` itself."""
+    from worldloop.rl.rollout import apply_calibration
+    from worldloop.utils import distributed
+
+    if not distributed.active():
+        return rl_checks_of_rank_0()
+    check, calibration, kept = rl_checks_of_rank_0() if distributed.is_main() else (None, None, train_tasks)
+    thresholds = {"threshold": judge.threshold, "instruction_thresholds": getattr(judge, "task_thresholds", {})} if judge is not None else None
+    thresholds, kept = distributed.broadcast_object((thresholds, kept))
+    if judge is not None:
+        apply_calibration(judge, thresholds)
+    return check, calibration, kept
+
+
 def check_diagnostics(rl, world_model: bool, judge: bool) -> None:
     """A clear error, before anything loads, for an rl.diagnostics switch (or rl.judge_threshold=replay) without what it measures with."""
     checks = world_model and judge and rl.eval_episodes_per_task > 0
