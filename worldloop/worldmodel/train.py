@@ -250,8 +250,10 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
                 writer.add_scalar("vae/l1", distributed.all_mean(float(l1.detach())), step + 1)
                 writer.add_scalar("vae/kl", distributed.all_mean(float(kl.detach())), step + 1)
                 bar.set_postfix(loss=f"{losses[-1]:.4f}")
-            if int(10 * budget.fraction(step + 1)) > tenths:  # the same on every rank (rank 0's clock)
-                tenths, seconds = int(10 * budget.fraction(step + 1)), budget.seconds()
+            reached = int(10 * budget.fraction(step + 1))  # the same on every rank (rank 0's clock)
+            if reached > tenths:
+                tenths = reached
+                seconds = budget.seconds()
                 if main:
                     curve.append({"step": step + 1, "seconds": seconds} | reconstruction_metrics(vae, held_out or train_episodes, device, clips=16))
                     writer.add_scalar("vae/held_out_psnr", curve[-1]["psnr"], step + 1)
