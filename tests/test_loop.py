@@ -122,3 +122,16 @@ def test_a_small_runs_report_says_so_at_its_top_and_beside_its_rates(tmp_path):
     assert "| reach-v3 | 0.000 ± 0.000 (n=1) (too few) |" in text and "| **overall** | 0.000 ± 0.000 (n=10) |" in text
     large = dict(small, per_task={"reach-v3": {"base": rate(50)}})
     assert "A small run" not in render_markdown(tmp_path, large, []) and "too few" not in render_markdown(tmp_path, large, [])
+
+
+def test_loop_stopped_by_until_resumes_without_it(tmp_path, monkeypatch):
+    """`--until` says where one call stops, not which run the folder holds: the same loop goes on without it."""
+    import worldloop.loop
+
+    calls = []
+    monkeypatch.setattr(worldloop.loop, "run_loop", lambda config, out, inputs, preset, overrides, stop_after=None: calls.append(stop_after))
+    assert main(["loop", "--preset", "micro", "--out", str(tmp_path), "--until", "rollouts_base"]) == 0
+    assert main(["loop", "--preset", "micro", "--out", str(tmp_path)]) == 0
+    assert main(["loop", "--preset", "micro", "--out", str(tmp_path)]) == 0  # a finished loop rewrites its report
+    assert calls == ["rollouts_base", None, None]
+    assert main(["loop", "--preset", "micro", "--out", str(tmp_path), "--world-model", str(tmp_path)]) == 2  # another run: refused

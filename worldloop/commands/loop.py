@@ -19,7 +19,9 @@ lets RL train only on the tasks whose replays in the world model the judge reads
 (loop.gate_min_kappa); --time-budget MIN (loop.time_budget_min) gives RL what the stages before it left.
 Example: worldloop loop --preset tiny-cpu --out runs/loop"""
 
-RUN = RunSpec(tuple(f.name for f in dataclasses.fields(Config) if f.name not in ("preset", "device")))  # its stages read every section
+# its stages read every section; --until only says where this call stops, and a loop is never "finished": a rerun skips
+# the stages with markers and writes the report again (a run stopped by --until and then resumed without it was refused)
+RUN = RunSpec(tuple(f.name for f in dataclasses.fields(Config) if f.name not in ("preset", "device")), not_defining=("until",), final=False)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
