@@ -35,11 +35,29 @@ def test_a_task_passes_only_with_kappa_above_the_bar_and_above_chance():
     assert "not 2 SE above chance" in why["window-open-v3"] and why["door-open-v3"] == ""
     assert "all 16 real episodes succeeded" in why["drawer-close-v3"] and result["tasks"]["drawer-close-v3"]["kappa"] is None
     table = gate_table(result)
-    assert "| door-open-v3 | 16 | 0.50 ± 0.10 | 0.45 ± 0.10 | 0.81 ± 0.10 | yes |" in table
-    assert "| reach-v3 | 16 | 1.00 ± 0.10 | 1.00 ± 0.10 | undefined | no: kappa undefined" in table
+    assert "| door-open-v3 | 16 | 0.50 ± 0.10 | 0.45 ± 0.10 | 0.81 ± 0.10 | - | yes |" in table  # no replay scores: no AUROC
+    assert "| reach-v3 | 16 | 1.00 ± 0.10 | 1.00 ± 0.10 | undefined | - | no: kappa undefined" in table
     # not enforced: every task passes, and the table says the gate only measured
     loose = gate_verdicts(calibration({"reach-v3": (1.0, 1.0, None, 0.0)}), min_kappa=None, significance_se=2.0)
     assert loose["passed"] == ["reach-v3"] and "not enforced" in gate_table(loose)
+
+
+def test_auroc_says_whether_any_threshold_reads_a_tasks_replays_and_analyse_rebuilds_the_gate(tmp_path, capsys):
+    from worldloop.cli import main
+
+    result = calibration({"door-open-v3": (0.5, 0.5, 0.0, 0.2), "window-open-v3": (0.5, 0.5, 0.0, 0.2), "reach-v3": (0.0, 0.0, None, 0.0)})
+    result["per_episode"] = {  # door: successes' replays score higher (AUROC 1); window: lower, 1 tie (AUROC 0.125)
+        "score": [0.9, 0.8, 0.1, 0.2] + [0.1, 0.3, 0.3, 0.9] + [0.5, 0.6],
+        "real": "1100" + "1100" + "00",
+        "task": ["door-open-v3"] * 4 + ["window-open-v3"] * 4 + ["reach-v3"] * 2,
+    }
+    (tmp_path / "judge_calibration.json").write_text(json.dumps(result))
+    (tmp_path / "gate.json").write_text(json.dumps(gate_verdicts(calibration({"door-open-v3": (0.5, 0.5, 0.0, 0.2)}), 0.6, 2.0)))
+    assert main(["analyse", str(tmp_path)]) == 0  # a committed gate folder: gate.json and gate.md from the replays' scores
+    rows = json.loads((tmp_path / "gate.json").read_text())["tasks"]
+    assert rows["door-open-v3"]["auroc"] == 1.0 and rows["window-open-v3"]["auroc"] == 0.125 and rows["reach-v3"]["auroc"] is None
+    assert "| 0.00 ± 0.20 | 1.00 | no: kappa 0.00 ± 0.20 is below 0.6 |" in (tmp_path / "gate.md").read_text()
+    assert "gate.md and gate.json rebuilt" in capsys.readouterr().out
 
 
 def write_gate(folder, passed: list[str], threshold: float = 0.93, calibrated: bool = True) -> None:

@@ -12,16 +12,25 @@ paired by initial state with the base policy's; secondary: through the world mod
 seed: the paired change, its normal z and the exact sign (McNemar) test; per arm: the mean change and its SE across seeds
 with an exact sign-flip test over seeds; each arm against the full arm with an exact permutation test over seeds; per
 task with Holm's correction across tasks; imagined against real success per arm.
-Example: worldloop analyse runs/exp"""
+A fidelity gate's folder (`worldloop gate --out GATE`, it holds judge_calibration.json) gets its gate.json and gate.md
+again from its replays' scores, with each task's AUROC.
+Example: worldloop analyse runs/exp; worldloop analyse runs/mw/gate"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", metavar="RUN", help="experiment folder")
+    parser.add_argument("run", metavar="RUN", help="experiment folder, or a fidelity gate's folder")
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
-    from worldloop.analysis import write_analysis
+    from pathlib import Path
 
+    from worldloop.analysis import write_analysis
+    from worldloop.diagnostics.gate import rebuild_gate
+
+    if (Path(args.run) / "judge_calibration.json").is_file() and (Path(args.run) / "gate.json").is_file():
+        print(rebuild_gate(args.run))
+        print(f"analyse: {Path(args.run) / 'gate.md'} and gate.json rebuilt from judge_calibration.json")
+        return 0
     path = write_analysis(args.run)
     print(path.read_text(), end="")
     print(f"analysis: {path} and {path.with_suffix('.json')}")
