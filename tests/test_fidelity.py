@@ -33,7 +33,8 @@ def fake_verb(calls: list[list[str]]):
             (out / "metrics.json").write_text(json.dumps({"horizons": horizons}))
         elif argv[0] == "gate":
             kappa = min(1.0, 0.2 * budget)
-            tasks = {t: {"kappa": None if t == "reach-v3" else kappa, "kappa_stderr": None if t == "reach-v3" else 0.1} for t in TASKS}
+            tasks = {t: {"kappa": None if t == "reach-v3" else kappa, "kappa_stderr": None if t == "reach-v3" else 0.1,
+                         "auroc": None if t == "reach-v3" else 0.5 + budget / 10} for t in TASKS}  # fmt: skip
             (out / "gate.json").write_text(json.dumps({"tasks": tasks, "passed": [t for t in TASKS if t != "reach-v3" and kappa >= 0.6]}))
         return 0
 
@@ -62,7 +63,7 @@ def test_fidelity_trains_each_budget_on_the_shared_data_and_tabulates_it(tmp_pat
     assert two["passed"] == [] and five["passed"] == ["door-open-v3", "drawer-open-v3"]
     table = (run / "fidelity.md").read_text()
     assert "| 2 | 200 | +3.00 ± 0.30 | +3.00 ± 0.30 | - | - | 0.20 | 30.00 |" in table
-    assert "| 5 | +1.00 ± 0.10 | +1.00 ± 0.10 | 2 of 2 |" in table and "door-open-v3 (0.50)" in table
+    assert "| 5 | +1.00 ± 0.10 (1.00) | +1.00 ± 0.10 (1.00) | 2 of 2 |" in table and "| 2 | +0.40 ± 0.10 (0.70) |" in table and "door-open-v3 (0.50)" in table
     assert (run / "fidelity.png").is_file() and json.loads((run / "fidelity.json").read_text()) == json.loads(json.dumps(results))
 
     calls.clear()  # a rerun: every stage is done, the tables come again from the files

@@ -60,7 +60,8 @@ def fidelity_results(run: Path, minutes: Sequence[float], low: float = 0.1, high
             "horizons": {h: {"margin": r["psnr"] - r["copy_last_frame_psnr"], "margin_stderr": r["psnr_margin_stderr"],
                              "action_delta_psnr": r.get("action_delta_psnr"), "vae_psnr": r.get("vae_psnr"), "episodes": r["episodes"]}
                          for h, r in horizons.items()},
-            "kappa": {task: {"kappa": gate["tasks"][task]["kappa"], "kappa_stderr": gate["tasks"][task]["kappa_stderr"]} for task in between},
+            "kappa": {task: {"kappa": gate["tasks"][task]["kappa"], "kappa_stderr": gate["tasks"][task]["kappa_stderr"],
+                             "auroc": gate["tasks"][task].get("auroc")} for task in between},
             "passed": [task for task in gate["passed"] if task in between],
         })  # fmt: skip
     return {"tasks_between": between, "base_success": {task: base[task]["success_once"] for task in between}, "budgets": rows,
@@ -85,11 +86,13 @@ def fidelity_table(results: dict[str, Any]) -> str:
         eight = at.get("8", {})
         lines.append(f"| {row['minutes']:g} | {row['steps']} | " + " | ".join(margins) + f" | {cell(eight.get('action_delta_psnr'))} | {cell(eight.get('vae_psnr'))} |")
     tasks = results["tasks_between"]
-    lines += ["", "Fidelity gate: kappa (± SE) of the replays' verdicts against the simulator's, on the tasks with base success in 10-90 %:", "",
+    lines += ["", "Fidelity gate: kappa (± SE) of the replays' verdicts against the simulator's, on the tasks with base success in 10-90 %,",
+              "and in brackets the AUROC of the replays' scores (how often a real success's replay scores above a real failure's):", "",
               "| DiT minutes | " + " | ".join(f"{t} ({results['base_success'][t]:.2f})" for t in tasks) + " | passed |",
               "| ---: | " + " | ".join("---:" for _ in tasks) + " | ---: |"]  # fmt: skip
     for row in results["budgets"]:
-        kappas = [cell(row["kappa"][t]["kappa"], row["kappa"][t]["kappa_stderr"]) if row["kappa"][t]["kappa"] is not None else "undefined" for t in tasks]
+        kappas = [(cell(row["kappa"][t]["kappa"], row["kappa"][t]["kappa_stderr"]) if row["kappa"][t]["kappa"] is not None else "undefined")
+                  + ("" if row["kappa"][t].get("auroc") is None else f" ({row['kappa'][t]['auroc']:.2f})") for t in tasks]
         lines.append(f"| {row['minutes']:g} | " + " | ".join(kappas) + f" | {len(row['passed'])} of {len(tasks)} |")
     return "\n".join(lines) + "\n"
 
