@@ -25,6 +25,8 @@ def fake_verb(calls: list[list[str]]):
         budget = float(out.name.split("_")[-1].removesuffix("min")) if "min" in out.name else 0.0
         if argv[0] == "eval":
             (out / "results.json").write_text(json.dumps({"per_task": {t: {"success_once": s} for t, s in TASKS.items()}}))
+        elif argv[0] == "train-vae":
+            (out / "metrics.json").write_text(json.dumps({"held_out": {"psnr": 39.5}}))
         elif argv[0] == "train-wm":
             (out / "results.json").write_text(json.dumps({"steps": int(100 * budget), "train_seconds_this_run": 60 * budget}))
         elif argv[0] == "eval-wm":
@@ -64,6 +66,7 @@ def test_fidelity_trains_each_budget_on_the_shared_data_and_tabulates_it(tmp_pat
     table = (run / "fidelity.md").read_text()
     assert "| 2 | 200 | +3.00 ± 0.30 | +3.00 ± 0.30 | - | - | 0.20 | 30.00 |" in table
     assert "| 5 | +1.00 ± 0.10 (1.00) | +1.00 ± 0.10 (1.00) | 2 of 2 |" in table and "| 2 | +0.40 ± 0.10 (0.70) |" in table and "door-open-v3 (0.50)" in table
+    assert "held-out PSNR 39.50 dB" in table.splitlines()[0]
     assert (run / "fidelity.png").is_file() and json.loads((run / "fidelity.json").read_text()) == json.loads(json.dumps(results))
 
     calls.clear()  # a rerun: every stage is done, the tables come again from the files

@@ -65,7 +65,8 @@ def fidelity_results(run: Path, minutes: Sequence[float], low: float = 0.1, high
             "passed": [task for task in gate["passed"] if task in between],
         })  # fmt: skip
     return {"tasks_between": between, "base_success": {task: base[task]["success_once"] for task in between}, "budgets": rows,
-            "vae_seconds": read_json(run / "stages" / "vae.json")["seconds"]}  # fmt: skip
+            "vae_seconds": read_json(run / "stages" / "vae.json")["seconds"],
+            "vae_held_out_psnr": (read_json(run / "vae" / "metrics.json").get("held_out") or {}).get("psnr") if (run / "vae" / "metrics.json").is_file() else None}  # fmt: skip
 
 
 def fidelity_table(results: dict[str, Any]) -> str:
@@ -76,7 +77,9 @@ def fidelity_table(results: dict[str, Any]) -> str:
             return "-"
         return f"{value:+.{digits}f} ± {stderr:.{digits}f}" if stderr is not None else f"{value:.{digits}f}"
 
-    lines = [f"World-model fidelity against the DiT's training minutes (the VAE: {results['vae_seconds']:.0f} s, shared).", "",
+    vae = results.get("vae_held_out_psnr")
+    lines = [f"World-model fidelity against the DiT's training minutes (the VAE: {results['vae_seconds']:.0f} s, shared"
+             + ("" if vae is None else f"; held-out PSNR {vae:.2f} dB") + ").", "",
              "PSNR margin over copy-last-frame (± paired SE over held-out base-policy rollouts) and action ΔPSNR at 8 frames:", "",
              "| DiT minutes | steps | " + " | ".join(f"margin @ {h}" for h in HORIZONS) + " | action ΔPSNR @ 8 | the VAE alone @ 8 |",
              "| ---: | ---: | " + " | ".join("---:" for _ in HORIZONS) + " | ---: | ---: |"]  # fmt: skip
