@@ -116,7 +116,7 @@ def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("rw")
     train = labelled_frames(cue_episodes(16, seed=0, size=16), list(TASKS))
     held_out = labelled_frames(cue_episodes(8, seed=1, size=16), list(TASKS))
-    config = RewardConfig(ClassifierConfig(input_size=16), ClassifierTrainingConfig(steps=STEPS, batch_size=16, lr=2e-3, eval_every=STEPS // 2, held_out_fraction=0.0))
+    config = RewardConfig(ClassifierConfig(input_size=16), ClassifierTrainingConfig(steps=STEPS, batch_size=16, lr=2e-3, eval_every=STEPS // 2))
     metrics = train_classifier(train, held_out, config, out, torch.device("cpu"), seed=0)
     return out, metrics, held_out
 

@@ -57,7 +57,7 @@ RENAMED: dict[str, str] = {
     "reward.classifier.threshold_tolerance_se": "reward.calibrate.threshold_tolerance_se",
     "reward.classifier.threshold_significance_se": "reward.calibrate.threshold_significance_se",
     **{f"reward.classifier.{name}": f"reward.training.{name}"
-       for name in ("threshold_from", "steps", "batch_size", "lr", "held_out_fraction", "eval_every", "augment")},
+       for name in ("threshold_from", "steps", "batch_size", "lr", "eval_every", "augment")},
     "loop.evo_rollouts_per_task": "rl.refine_episodes_per_task",
     "loop.evo_wm_steps": "rl.refine_steps",
 }
@@ -110,6 +110,22 @@ RETIRED: dict[str, tuple[Any, str]] = {
     "rl.kir_lead_frames": (4, "remove the key"),
     "rl.kir_max_per_episode": (4, "remove the key"),
     "rl.kir_failure_stride": (16, "remove the key"),
+    # 2026-12-04, third pass: one-off experiment switches, ablations that lost, and knobs no preset moved
+    **{f"{section}.held_out_fraction": (0.1, "training keeps worldloop.data.dataset.HELD_OUT_FRACTION of each task's episodes "
+                                             "out; `worldloop eval-wm --held-out-fraction` measures on another share")
+       for section in ("sft", "vae", "world_model")},
+    **{f"reward.{section}.held_out_fraction": (0.2, "train-reward keeps worldloop.rewards.train.HELD_OUT_FRACTION out; remove the key")
+       for section in ("classifier", "training")},
+    "vae.log_every": (ANY_VALUE, "losses are logged every worldloop.worldmodel.train.LOG_EVERY steps; remove the key"),
+    "world_model.log_every": (ANY_VALUE, "losses are logged every worldloop.worldmodel.train.LOG_EVERY steps; remove the key"),
+    "world_model.static_fraction": (0.05, "remove the key (worldloop.worldmodel.clips.STATIC_FRACTION)"),
+    "world_model.self_forcing_steps": (0, "a self-forced memory is sampled in world_model.sampling_steps Euler steps, as in a rollout"),
+    "world_model.memory_frames": (4, "WoVR's four memory frames; the one-frame ablation is gone"),
+    "world_model.reference_frame": (True, "first-frame anchoring; the sliding ablation is gone"),
+    "world_model.context_noise": (0.3, "remove the key (worldloop.worldmodel.train.CONTEXT_NOISE)"),
+    "world_model.action_dropout": (0.0, "action guidance was not a fix as trained (docs/experiments/2026-12-03-action-guidance.md)"),
+    "world_model.action_guidance": (1.0, "action guidance was not a fix as trained (docs/experiments/2026-12-03-action-guidance.md)"),
+    "reward.calibrate.max_episodes": (ANY_VALUE, "`worldloop calibrate-reward --max-episodes` takes it"),
 }
 """Keys that are gone: old dotted name -> (the value the code now always uses, what to do instead).
 A user's preset or override that sets one stops with an error naming it; a saved config or model folder
@@ -432,8 +448,7 @@ def describe(hint: Any) -> str:
 SAVED_WITH_MODEL: dict[str, tuple[str, ...] | None] = {
     "policy": None,
     "vae": ("size", "spatial_downsamples"),
-    "world_model": ("size", "chunk_size", "memory_frames", "reference_frame", "context_channels", "action_dropout",
-                    "sampling_steps", "shift", "decode", "memory_noise", "action_guidance"),
+    "world_model": ("size", "chunk_size", "context_channels", "sampling_steps", "shift", "decode", "memory_noise"),
     "reward.classifier": None,
 }
 """What a trained model keeps in its folder (section -> its fields, None: every field): the architecture, and the world

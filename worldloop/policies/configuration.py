@@ -63,8 +63,6 @@ class SFTConfig:
     decoded, as every imagined frame is: the policy learns to choose the same actions from them as from the
     simulator's (0: off). The held-out codec_token_agreement measures it: 0.5 raised it from 0.70 to 0.79 for
     the 97M policy, 1.0 lowered it (0.66: never a sharp frame is as bad as never a reconstructed one)."""
-    held_out_fraction: float = 0.1
-    """Fraction of each task's episodes kept out of training to measure held-out loss and accuracy."""
     held_out_samples: int = 512
     """Held-out samples scored at each evaluation (a fixed, evenly spaced subset)."""
     eval_every: int = 100
@@ -74,8 +72,6 @@ class SFTConfig:
     def validate(self) -> None:
         if self.episodes_per_task < 0 or self.steps < 1 or self.batch_size < 1 or self.lr <= 0:
             raise ValueError("episodes_per_task >= 0, steps >= 1, batch_size >= 1 and lr > 0 are required")
-        if not 0 <= self.held_out_fraction < 1:
-            raise ValueError(f"held_out_fraction must be in [0, 1), got {self.held_out_fraction}")
         if self.warmup_steps < 0 or self.augment_shift < 0:
             raise ValueError("warmup_steps and augment_shift must be >= 0")
         if not 0 <= self.augment_codec <= 1:

@@ -353,7 +353,7 @@ def train_sft(
 
     per_task = config.sft.episodes_per_task if episodes_per_task is None else episodes_per_task
     ds = TrajectoryDataset(dataset)
-    train_ids, held_ids = split_episodes(ds, held_out_fraction=config.sft.held_out_fraction, seed=config.seed)
+    train_ids, held_ids = split_episodes(ds, seed=config.seed)
     summaries = [episode_summary(ds, i) for i in train_ids]
     chosen = select_episodes(summaries, per_task)
     from worldloop.utils import distributed

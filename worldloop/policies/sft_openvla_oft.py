@@ -51,7 +51,7 @@ def finetune_openvla_oft(config, policy_spec: str, dataset: str | Path, out: str
     ds = TrajectoryDataset(dataset)
     if ds.image_size != policy.image_size:
         raise ValueError(f"{dataset} has {ds.image_size}x{ds.image_size} frames; the policy takes {policy.image_size} (worldloop.frame_size in its config.json)")
-    train_ids, held_ids = split_episodes(ds, held_out_fraction=sft.held_out_fraction, seed=config.seed)
+    train_ids, held_ids = split_episodes(ds, seed=config.seed)
     per_task = sft.episodes_per_task if episodes_per_task is None else episodes_per_task
     chosen = select_episodes([episode_summary(ds, i) for i in train_ids], per_task)
     train = build_samples((ds.episode(i) for i in chosen), policy.chunk_size, list(ds.tasks))

@@ -42,8 +42,6 @@ class ClassifierTrainingConfig:
     """Frames per training batch (half success, half failure: class-balanced sampling)."""
     lr: float = 3e-4
     """AdamW learning rate."""
-    held_out_fraction: float = 0.2
-    """Fraction of each task's episodes kept out of training for the metrics in RW/metrics.json."""
     eval_every: int = 100
     """Steps between held-out evaluations (TensorBoard) and checkpoints."""
     augment: bool = True
@@ -55,8 +53,8 @@ class ClassifierTrainingConfig:
             raise ValueError("training: steps >= 1, batch_size >= 2 and eval_every >= 1 are required")
         if self.threshold_from not in ("fixed", "max_f1", "youden", "episode_kappa"):
             raise ValueError(f"training: threshold_from must be 'fixed', 'max_f1', 'youden' or 'episode_kappa', got {self.threshold_from!r}")
-        if not 0 <= self.held_out_fraction < 1 or self.lr <= 0:
-            raise ValueError("training: 0 <= held_out_fraction < 1 and lr > 0 are required")
+        if self.lr <= 0:
+            raise ValueError(f"training: lr must be > 0, got {self.lr}")
 
 
 @dataclass
@@ -82,8 +80,6 @@ class CalibrateConfig:
 
     stride: int = 4
     """Frames between consecutive judged windows within an episode (1 = every frame)."""
-    max_episodes: int = 200
-    """Episodes read from the dataset (spread evenly over it)."""
     batch_size: int = 32
     """Windows scored per judge call."""
     threshold_tolerance_se: float = 1.0
@@ -100,8 +96,8 @@ class CalibrateConfig:
     nothing, not even real successes. rl.train_tasks 'tracked' keeps the tasks whose kappa clears it too."""
 
     def validate(self) -> None:
-        if self.stride < 1 or self.max_episodes < 1 or self.batch_size < 1:
-            raise ValueError("calibrate: stride, max_episodes and batch_size must be >= 1")
+        if self.stride < 1 or self.batch_size < 1:
+            raise ValueError("calibrate: stride and batch_size must be >= 1")
         if self.threshold_tolerance_se < 0 or self.threshold_significance_se < 0:
             raise ValueError("calibrate: threshold_tolerance_se and threshold_significance_se must be >= 0")
 

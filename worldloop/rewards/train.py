@@ -28,6 +28,8 @@ from worldloop.utils.checkpoint import announce_resume, latest_checkpoint, load_
 from worldloop.utils.device import autocast_dtype
 from worldloop.utils.io import atomic_write_json
 
+HELD_OUT_FRACTION = 0.2
+"""Share of each task's episodes that train-reward keeps out for the judge's metrics and its threshold (RW/metrics.json)."""
 WEIGHT_DECAY = 1e-4
 """AdamW weight decay of the classifier's training."""
 

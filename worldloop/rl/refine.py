@@ -115,12 +115,8 @@ class WorldModelRefiner:
         self.calibrate = calibrate or CalibrateConfig()  # reward.calibrate: how a recalibration chooses the judge's threshold
         self.dataset_episodes = dataset_episodes  # read at the first round (not at start-up), then released
         self.out, self.seed, self.seed_offset = Path(out) / REFINE, seed, seed_offset
-        # the clips as the world model was trained on them (its chunk, memory and anchoring travel with it)
-        spec = world_model.spec
-        # and its action dropout, so that the "no action" condition that action guidance samples against keeps up
-        self.clip_config = dataclasses.replace(world_model_config, chunk_size=int(spec["chunk_size"]), memory_frames=int(spec["memory_frames"]),
-                                               reference_frame=bool(spec["reference_frame"]),
-                                               action_dropout=float(spec.get("action_dropout", 0.0)))  # fmt: skip
+        # the clips as the world model was trained on them (its chunk travels with it)
+        self.clip_config = dataclasses.replace(world_model_config, chunk_size=int(world_model.spec["chunk_size"]))
         self.device, self.ema_decay = world_model.device, ema_decay
         self.master = copy.deepcopy(world_model.dit).float().eval()
         self.ema = copy.deepcopy(self.master).requires_grad_(False)  # what the imagined environment samples from
@@ -213,7 +209,7 @@ class WorldModelRefiner:
         return rollout_episodes(first, rollout), float(rollout.success_once.float().mean())
 
     def _train(self, generator: torch.Generator) -> float:
-        from worldloop.worldmodel.train import action_drops, ema_step, flow_matching_loss
+        from worldloop.worldmodel.train import ema_step, flow_matching_loss
 
         pools = [self._on_device(self.rounds)] + ([self.known] if self.known is not None else [])
         batch = self.clip_config.batch_size
@@ -224,8 +220,7 @@ class WorldModelRefiner:
             picks = [torch.randint(len(latents), (size,), generator=generator, device=self.device) for (latents, _), size in zip(pools, sizes)]
             latents = torch.cat([pool[0][index] for pool, index in zip(pools, picks)])
             actions = torch.cat([pool[1][index] for pool, index in zip(pools, picks)])
-            drop = action_drops(self.clip_config, len(latents), generator, self.device)
-            loss = flow_matching_loss(self.master, latents, actions, self.clip_config, generator, drop)
+            loss = flow_matching_loss(self.master, latents, actions, self.clip_config, generator)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.master.parameters(), GRAD_CLIP)
@@ -261,7 +256,7 @@ def world_model_refiner(config: Any, world_model: Any, dataset: Any, tasks: list
     the dataset's training episodes of those tasks (the world model's split) in view. ``config``: the run's Config.
     ``calibration`` (rl.judge_threshold=replay: the RealityCheck that chose the judge's threshold) chooses it again
     in each refined world model, from its labelled episodes."""
-    train_indices, _ = split_episodes(dataset, held_out_fraction=config.world_model.held_out_fraction, seed=config.seed)
+    train_indices, _ = split_episodes(dataset, seed=config.seed)
     wanted = {instruction(task): MAX_DATASET_EPISODES_PER_TASK for task in tasks}
     task_of, chosen = dataset.task_indices, []
     for index in train_indices:
