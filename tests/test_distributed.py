@@ -103,7 +103,7 @@ def _sft(out: Path, stop_after: int | None):
     from _policy_fixtures import CLOSE, IMAGE, OPEN, synthetic_episodes, tiny_config
     from worldloop.policies.sft import fit_policy
 
-    config = tiny_config("sft.steps=4", "sft.eval_every=100", "sft.batch_size=8", "sft.augment_shift=2")
+    config = tiny_config("sft.steps=4", "sft.eval_every=100", "sft.batch_size=8")
     train, held = synthetic_episodes(4, length=6), synthetic_episodes(2, seed=1, length=6)
     if stop_after is not None:
         assert fit_policy(config, train, held, out, [OPEN, CLOSE], IMAGE, 4, stop_after=stop_after) == {"stopped_at": stop_after}

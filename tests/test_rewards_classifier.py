@@ -270,7 +270,7 @@ def test_training_resumes_from_its_latest_checkpoint(tmp_path, capsys):
     from worldloop.rewards.train import train_classifier
 
     data = labelled_frames(cue_episodes(4, size=16), list(TASKS))
-    config = RewardConfig(ClassifierConfig(input_size=16), ClassifierTrainingConfig(steps=2, batch_size=4, eval_every=1, augment=False))
+    config = RewardConfig(ClassifierConfig(input_size=16), ClassifierTrainingConfig(steps=2, batch_size=4, eval_every=1))
     train_classifier(data, None, config, tmp_path, torch.device("cpu"))
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_000000002"
     metrics = train_classifier(data, None, RewardConfig(ClassifierConfig(input_size=16), ClassifierTrainingConfig(steps=3, batch_size=4, eval_every=1)), tmp_path, torch.device("cpu"))

@@ -116,7 +116,7 @@ def test_rl_with_shuffled_scores_does_not_raise_real_success(tmp_path):
 def _run(folder, iterations):
     torch.manual_seed(0)
     policy = ToyPolicy()
-    rl = config(iterations=iterations, entropy_coef=0.01, kl_coef=0.1)
+    rl = config(iterations=iterations, kl_coef=0.1)
     results = train_watched(policy, imagined(32, 8), rl, folder, seed=3, console=False)
     return policy, results
 
@@ -259,7 +259,7 @@ def overfit_compact_vla(steps: int = 250) -> torch.nn.Module:
     from worldloop.policies.tokenizer import ActionTokenizer
 
     torch.manual_seed(0)
-    shape = PolicyConfig(vision_widths=[16, 32, 64, 128], image_grid=4, width=128, depth=2, heads=4, chunk_size=4, num_bins=256)
+    shape = PolicyConfig(vision_widths=[16, 32, 64, 128], image_grid=4, width=128, depth=2, heads=4, chunk_size=4)
     tokenizer = ActionTokenizer.fit(torch.rand(512, 2) * 2 - 1, (0.0, 100.0), 256)
     policy = CompactVLA(shape, 2, 32, tokenizer)
     target, text = torch.tensor(TARGETS[TASK]), toy_instruction(TASK)

@@ -229,8 +229,6 @@ def test_psnr_ssim():
 
 
 def test_config_validation():
-    with pytest.raises(ValueError, match="clip_frames"):
-        VAEConfig(clip_frames=4).validate()
     with pytest.raises(ValueError, match="chunk_size"):
         WorldModelConfig(chunk_size=6).validate()
     with pytest.raises(ValueError, match="self_forcing"):

@@ -214,7 +214,8 @@ def test_bench_vae_train_times_the_real_training_loop(tmp_path, monkeypatch):
 
     monkeypatch.setattr(train_lib, "train_vae", recorded)
     skip_vae_measurements(monkeypatch)  # fixed costs the bench subtracts; skipped here for time
-    overrides = ["sim.image_size=64", "vae.batch_size=1", "vae.clip_frames=5"]
+    monkeypatch.setattr(train_lib, "VAE_CLIP_FRAMES", 5)  # short clips, for time
+    overrides = ["sim.image_size=64", "vae.batch_size=1"]
     assert main(["bench", "vae-train", "--steps", "2", "--out", str(tmp_path / "bench.txt"), *overrides]) == 0
     assert calls == [2, 2, 1]
     (row,) = json.loads((tmp_path / "bench.json").read_text())["rows"]

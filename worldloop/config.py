@@ -57,7 +57,7 @@ RENAMED: dict[str, str] = {
     "reward.classifier.threshold_tolerance_se": "reward.calibrate.threshold_tolerance_se",
     "reward.classifier.threshold_significance_se": "reward.calibrate.threshold_significance_se",
     **{f"reward.classifier.{name}": f"reward.training.{name}"
-       for name in ("threshold_from", "steps", "batch_size", "lr", "eval_every", "augment")},
+       for name in ("threshold_from", "steps", "batch_size", "lr", "eval_every")},
     "loop.evo_rollouts_per_task": "rl.refine_episodes_per_task",
     "loop.evo_wm_steps": "rl.refine_steps",
 }
@@ -126,6 +126,20 @@ RETIRED: dict[str, tuple[Any, str]] = {
     "world_model.action_dropout": (0.0, "action guidance was not a fix as trained (docs/experiments/2026-12-03-action-guidance.md)"),
     "world_model.action_guidance": (1.0, "action guidance was not a fix as trained (docs/experiments/2026-12-03-action-guidance.md)"),
     "reward.calibrate.max_episodes": (ANY_VALUE, "`worldloop calibrate-reward --max-episodes` takes it"),
+    "sft.augment_shift": (4, "remove the key (worldloop.policies.sft.AUGMENT_SHIFT)"),
+    "eval.temperature": (1.0, "evaluations sample at temperature 1 unless eval.greedy; `worldloop eval --temperature` takes another"),
+    "eval.seed_offset": (2**31, "remove the key (worldloop.rl.evaluate.EVAL_SEED_OFFSET)"),
+    "expert.noise_hold_steps": (1, "expert noise is a new draw every step; remove the key"),
+    "reward.classifier.conditioning": ("task", "the judge is always FiLM-conditioned on the task; remove the key"),
+    **{f"reward.{section}.augment": (True, "the judge always trains on frames degraded like world-model output; remove the key")
+       for section in ("classifier", "training")},
+    "rl.entropy_coef": (0.0, "remove the key (no run rewarded entropy; actor/entropy is still measured)"),
+    "rl.gamma": (0.99, "remove the key (worldloop.rl.trainer.GAMMA)"),
+    "rl.gae_lambda": (0.95, "remove the key (worldloop.rl.trainer.GAE_LAMBDA)"),
+    "policy.num_bins": (256, "remove the key (worldloop.policies.tokenizer.NUM_BINS)"),
+    "vae.clip_frames": (13, "remove the key (worldloop.worldmodel.train.VAE_CLIP_FRAMES: the world model's 4 latent frames)"),
+    "reward.topreward.window": (16, "remove the key (worldloop.rewards.topreward.WINDOW: the previous and the current chunk)"),
+    "world_model.gradient_checkpointing": (ANY_VALUE, "the DiT trains without it (the GPU preset had it off: batch 256 fits, compiled); remove the key"),
 }
 """Keys that are gone: old dotted name -> (the value the code now always uses, what to do instead).
 A user's preset or override that sets one stops with an error naming it; a saved config or model folder

@@ -8,12 +8,10 @@ from typing import Literal
 
 @dataclass
 class ClassifierConfig:
-    """ResNet-18 success classifier on single frames: what is saved with it (training: ClassifierTrainingConfig)."""
+    """ResNet-18 success classifier on single frames, FiLM-conditioned on the task: what is saved with it (training: ClassifierTrainingConfig)."""
 
     pretrained_backbone: str = ""
     """Local file of torchvision ResNet-18 weights (.pth state dict or .safetensors) to start from; '' = random init."""
-    conditioning: Literal["none", "task"] = "task"
-    """'task': FiLM the image features with a learned embedding of the instruction (needed where tasks share a scene); 'none': image only."""
     input_size: int = 64
     """Side in pixels the frames are resized to before the network (on the device)."""
     threshold: float = 0.5
@@ -43,9 +41,7 @@ class ClassifierTrainingConfig:
     lr: float = 3e-4
     """AdamW learning rate."""
     eval_every: int = 100
-    """Steps between held-out evaluations (TensorBoard) and checkpoints."""
-    augment: bool = True
-    """Train on frames degraded like world-model output: blur, colour jitter, noise, small shifts
+    """Steps between held-out evaluations (TensorBoard) and checkpoints; every batch is degraded like world-model output
     (worldloop.rewards.augment.world_model_artefacts)."""
 
     def validate(self) -> None:
@@ -64,14 +60,12 @@ class TOPRewardConfig:
     threshold: float = 0.46
     """exp(score) = P(" True") at or above which a window counts as success (0.46 in the seed, on LIBERO; TOPReward
     publishes none: rl.judge_threshold=replay or calibrate-reward chooses one per suite)."""
-    window: int = 16
-    """Frames per judged window (previous and current chunk); all of them reach the model."""
     max_batch: int = 32
     """Largest number of windows in one forward pass; bigger batches are split (bounds GPU memory)."""
 
     def validate(self) -> None:
-        if not 0 < self.threshold < 1 or self.window < 2 or self.window % 2 or self.max_batch < 1:
-            raise ValueError("topreward: 0 < threshold < 1, an even window >= 2 and max_batch >= 1 are required")
+        if not 0 < self.threshold < 1 or self.max_batch < 1:
+            raise ValueError("topreward: 0 < threshold < 1 and max_batch >= 1 are required")
 
 
 @dataclass

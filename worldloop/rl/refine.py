@@ -43,6 +43,7 @@ from worldloop.data.dataset import split_episodes
 from worldloop.envs.protocol import EnvReset, VecEnv
 from worldloop.rewards.configuration import CalibrateConfig
 from worldloop.rl.configuration import RLConfig
+from worldloop.rl.evaluate import EVAL_SEED_OFFSET
 from worldloop.rl.rollout import Rollout, apply_calibration, collect
 from worldloop.sims import make_env
 from worldloop.sims.tasks import instruction
@@ -101,7 +102,7 @@ class WorldModelRefiner:
         world_model_config: WorldModelConfig,
         out: str | Path,
         seed: int = 0,
-        seed_offset: int = 2**31,
+        seed_offset: int = EVAL_SEED_OFFSET,
         calibrate: CalibrateConfig | None = None,
         lr: float = REFINE_LR,
         ema_decay: float = REFINE_EMA_DECAY,
@@ -266,7 +267,7 @@ def world_model_refiner(config: Any, world_model: Any, dataset: Any, tasks: list
             chosen.append(index)
     real_env = make_env(config, len(tasks) * config.rl.refine_episodes_per_task, tasks=tasks)
     refiner = WorldModelRefiner(world_model, real_env, tasks, dataset.episodes(chosen), config.rl, config.world_model, out,
-                                seed=config.seed, seed_offset=config.eval.seed_offset, calibrate=config.reward.calibrate)  # fmt: skip
+                                seed=config.seed, calibrate=config.reward.calibrate)  # fmt: skip
     if calibration is not None and calibration.labelled is not None:
         refiner.judge_check = calibration
     elif calibration is not None:

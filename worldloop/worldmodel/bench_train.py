@@ -101,6 +101,7 @@ def write_report(out: str | None, text: str, payload: Any) -> None:
 
 def measure(config: Config, clips: dict[str, torch.Tensor], vae, steps: int, self_forcing: float, device: torch.device) -> dict:
     from worldloop.worldmodel.bench import peak_flops
+    from worldloop.worldmodel.train import VAE_CLIP_FRAMES
     from worldloop.worldmodel.modeling import dit_flops_per_forward
 
     per_step = seconds_per_step(lambda n: time_training(config, clips, vae, n, self_forcing, device), steps)
@@ -230,9 +231,10 @@ def vae_step_flops(config: Config, device: torch.device) -> float:
     from torch.utils.flop_counter import FlopCounterMode
 
     from worldloop.worldmodel import vae as vae_lib
+    from worldloop.worldmodel.train import VAE_CLIP_FRAMES
 
     vae = vae_lib.build_vae(config.vae).to(device)
-    frames = torch.randint(0, 256, (config.vae.batch_size, config.vae.clip_frames, config.sim.image_size, config.sim.image_size, 3),
+    frames = torch.randint(0, 256, (config.vae.batch_size, VAE_CLIP_FRAMES, config.sim.image_size, config.sim.image_size, 3),
                            dtype=torch.uint8, device=device)  # fmt: skip
     with FlopCounterMode(display=False) as counter:
         pixels = vae_lib.frames_to_pixels(frames)
@@ -242,12 +244,13 @@ def vae_step_flops(config: Config, device: torch.device) -> float:
 
 def measure_vae(config: Config, episodes: list, steps: int, device: torch.device, flops: float) -> dict:
     from worldloop.worldmodel.bench import peak_flops
+    from worldloop.worldmodel.train import VAE_CLIP_FRAMES
 
     per_step = seconds_per_step(lambda n: time_vae_training(config, episodes, n, device), steps)
     busy = busy_share(lambda n: train_vae_run(config, episodes, n, device), steps, device)
     peak = peak_flops(device)
     batch = config.vae.batch_size
-    return {"size": config.vae.size, "batch": batch, "frames": config.vae.clip_frames, "image_size": config.sim.image_size,
+    return {"size": config.vae.size, "batch": batch, "frames": VAE_CLIP_FRAMES, "image_size": config.sim.image_size,
             "spatial_downsamples": config.vae.spatial_downsamples, "step_ms": 1e3 * per_step, "steps_per_s": 1 / per_step, "clips_per_s": batch / per_step,
             "tflops": flops / per_step / 1e12, "mfu": flops / per_step / peak if peak else None, "gpu_busy": busy}  # fmt: skip
 
@@ -265,11 +268,12 @@ def format_vae_table(rows: list[dict]) -> str:
 def bench_vae_train(args: argparse.Namespace, config: Config) -> int:
     """Time ``train_vae`` at the preset's shapes."""
     from worldloop.utils.device import resolve_device
+    from worldloop.worldmodel.train import VAE_CLIP_FRAMES
 
     if args.steps < 2:
         raise ValueError(f"bench vae-train needs --steps >= 2 (it times the difference of two runs), got {args.steps}")
     device = resolve_device(config.device)
-    episodes = random_episodes(config.sim.image_size, length=max(40, config.vae.clip_frames))
+    episodes = random_episodes(config.sim.image_size, length=max(40, VAE_CLIP_FRAMES))
     time_vae_training(config, episodes, 2, device)  # warm-up: CUDA context, cuDNN's choices
     rows = [measure_vae(config, episodes, args.steps, device, vae_step_flops(config, device))]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -110,6 +110,9 @@ GRAD_CLIP = 1.0
 CONTEXT_NOISE = 0.3
 """Largest noise level sigma (0-1) put on the memory latent in training: the model learns to trust its context less, and
 a rollout can tell it how noisy its memory is (world_model.memory_noise)."""
+VAE_CLIP_FRAMES = 13
+"""Frames per VAE training clip: 4 latent frames, the world model's layout (a VAE trained on 5-frame clips only ever saw
+latent positions 0 and 1 and decoded positions 2+ poorly)."""
 LOG_EVERY = 25
 """Steps between the training losses written to TensorBoard (reading a loss waits for the GPU)."""
 
@@ -235,7 +238,7 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
         for step in bar:
             if budget.out_of_time():  # checked first: a resumed run whose time is spent takes no step
                 break
-            frames = store.sample(config.batch_size, config.clip_frames, generator, mine)
+            frames = store.sample(config.batch_size, VAE_CLIP_FRAMES, generator, mine)
             pixels = vae_lib.frames_to_pixels(frames)
             with autocast(device):
                 posterior = vae.encode(pixels).latent_dist
@@ -414,8 +417,6 @@ def train_world_model(
     if init is not None:
         load_init_weights(model.dit, init.dit)
     dit = model.dit.train()
-    if config.gradient_checkpointing and device.type == "cuda":
-        dit.transformer.enable_gradient_checkpointing()
     ema = copy.deepcopy(dit).eval().requires_grad_(False)
     optimizer = make_optimizer(dit.parameters(), config.lr, WEIGHT_DECAY, device)
     budget = TrainingBudget(config.steps, config.time_limit_s)
