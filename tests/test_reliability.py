@@ -91,7 +91,7 @@ RL_SCRIPT = textwrap.dedent(
     from worldloop.rl.trainer import train
     torch.manual_seed(0)
     policy = ToyPolicy()
-    results = train(policy, imagined(32, 8), config(iterations=6, kl_coef=0.1), sys.argv[1], seed=3, console=False)
+    results = train(policy, imagined(32, 8), config(iterations=6, entropy_coef=0.01, kl_coef=0.1), sys.argv[1], seed=3, console=False)
     print(json.dumps([h["rollout/kept_groups"] for h in results["history"]]))
     """
 )

@@ -276,3 +276,18 @@ def test_training_resumes_from_its_latest_checkpoint(tmp_path, capsys):
     metrics = train_classifier(data, None, RewardConfig(ClassifierConfig(input_size=16), ClassifierTrainingConfig(steps=3, batch_size=4, eval_every=1)), tmp_path, torch.device("cpu"))
     assert "resuming" in capsys.readouterr().out and metrics["steps"] == 3 and metrics["held_out"] is None
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_000000003"
+
+
+def test_a_judge_saved_without_task_conditioning_is_refused_by_name(trained, tmp_path):
+    """reward.classifier.conditioning was retired (always 'task'): a folder saved with 'none' names it; one with 'task' loads."""
+    import json
+    import shutil
+
+    out, _, _ = trained
+    folder = shutil.copytree(out / "model", tmp_path / "model")
+    assert json.loads((folder / "config.json").read_text())["conditioning"] == "task"
+    assert SuccessClassifier.from_pretrained(folder).threshold == 0.5
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"conditioning": "none"}))
+    with pytest.raises(ValueError, match="conditioning='none'; reward.classifier.conditioning was retired"):
+        SuccessClassifier.from_pretrained(folder)

@@ -116,7 +116,7 @@ def test_rl_with_shuffled_scores_does_not_raise_real_success(tmp_path):
 def _run(folder, iterations):
     torch.manual_seed(0)
     policy = ToyPolicy()
-    rl = config(iterations=iterations, kl_coef=0.1)
+    rl = config(iterations=iterations, entropy_coef=0.01, kl_coef=0.1)
     results = train_watched(policy, imagined(32, 8), rl, folder, seed=3, console=False)
     return policy, results
 

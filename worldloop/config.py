@@ -133,7 +133,6 @@ RETIRED: dict[str, tuple[Any, str]] = {
     "reward.classifier.conditioning": ("task", "the judge is always FiLM-conditioned on the task; remove the key"),
     **{f"reward.{section}.augment": (True, "the judge always trains on frames degraded like world-model output; remove the key")
        for section in ("classifier", "training")},
-    "rl.entropy_coef": (0.0, "remove the key (no run rewarded entropy; actor/entropy is still measured)"),
     "rl.gamma": (0.99, "remove the key (worldloop.rl.trainer.GAMMA)"),
     "rl.gae_lambda": (0.95, "remove the key (worldloop.rl.trainer.GAE_LAMBDA)"),
     "policy.num_bins": (256, "remove the key (worldloop.policies.tokenizer.NUM_BINS)"),
@@ -342,6 +341,11 @@ def old_key_error(where: str) -> str | None:
     return None
 
 
+def retired_as_fixed(dotted: str, value: Any) -> bool:
+    """Whether ``dotted`` is a retired key and ``value`` (as saved) the one this version now always uses."""
+    return dotted in RETIRED and RETIRED[dotted][0] in (value, ANY_VALUE)
+
+
 def upgraded(data: dict[str, Any]) -> dict[str, Any]:
     """A mapping saved by an earlier version with its renamed keys moved to where they live now, values kept
     (where both are set, the new key's value wins)."""
@@ -374,7 +378,7 @@ def from_dict(cls: type, data: Any, path: str = "", saved: bool = False) -> Any:
     for key, value in data.items():
         where = f"{path}{key}"
         if key not in names:
-            if saved and where in RETIRED and RETIRED[where][0] in (value, ANY_VALUE):
+            if saved and retired_as_fixed(where, value):
                 continue
             if saved and where in RETIRED:
                 raise ConfigError(f"saved config key '{where}' = {value!r}: this version always uses {RETIRED[where][0]!r}")

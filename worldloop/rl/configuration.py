@@ -137,6 +137,8 @@ class RLConfig:
     """Lower ratio clip: ratios below 1 - clip_low get no gradient when the advantage is negative."""
     clip_high: float = 0.28
     """Upper ratio clip (asymmetric, DAPO 'clip higher'): ratios above 1 + clip_high get no gradient for positive advantages."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus (0: none)."""
     kl_coef: float = 0.0
     """Weight of a KL penalty towards the starting policy (k3 estimator); 0: no KL and no reference copy is kept."""
     eval_every: int = 10
@@ -203,8 +205,8 @@ class RLConfig:
         self.diagnostics.validate()
         if self.time_limit_min < 0:
             raise ValueError(f"time_limit_min must be >= 0, got {self.time_limit_min}")
-        if self.kl_coef < 0:
-            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.entropy_coef < 0 or self.kl_coef < 0:
+            raise ValueError("entropy_coef and kl_coef must be >= 0")
         if min(self.eval_every, self.eval_episodes_per_task) < 0:
             raise ValueError("eval_every and eval_episodes_per_task must be >= 0")
         if self.refine_every < 0 or self.refine_episodes_per_task < 1 or self.refine_steps < 1:

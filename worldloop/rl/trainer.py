@@ -7,7 +7,7 @@ One iteration, top to bottom (:func:`train`):
 2. scores: S = sum of chunk rewards up to and including the first done; loss mask = those chunks;
 3. advantages: GRPO (S - mean_g) / (std_g + 1e-6), groups without signal dropped; or PPO's GAE;
 4. loss: token-level clipped ratio (asymmetric clip), each trajectory's loss divided by its
-   valid length, optional KL to the starting policy, PPO's clipped value loss;
+   valid length, optional entropy bonus, optional KL to the starting policy, PPO's clipped value loss;
 5. update: several epochs of shuffled minibatches of valid chunks (fewer when groups were dropped, so each
    holds as many trajectories as a full batch's), gradient clipping, AdamW whose
    learning rate warms up linearly over the first optimizer steps; optionally stopped early once a
@@ -194,7 +194,7 @@ def train(
 def minibatch_loss(policy: Any, reference: Any, rollout: Rollout, advantages: torch.Tensor, returns: torch.Tensor | None, weights: torch.Tensor,
                    batch: torch.Tensor, rl: RLConfig) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
     """The loss of one minibatch of (trajectory, chunk) samples (``batch``: flat indices into (N, T)): the clipped
-    policy loss on the samples' weights renormalised to 1 (the entropy is measured, not rewarded), plus PPO's clipped value loss and
+    policy loss on the samples' weights renormalised to 1, less the entropy bonus, plus PPO's clipped value loss and
     the KL penalty towards ``reference`` (None: none). Returns it and its parts, as floats, by metric name."""
     num_chunks = rollout.rewards.shape[1]
     env_index, chunk_index = batch // num_chunks, batch % num_chunks
@@ -210,7 +210,7 @@ def minibatch_loss(policy: Any, reference: Any, rollout: Rollout, advantages: to
         new.log_probs.float(), rollout.log_probs[env_index, chunk_index], advantages[env_index, chunk_index], weight, rl.clip_low, rl.clip_high
     )
     entropy = entropy_bonus(new.entropy.float(), weight)
-    loss, parts = policy_loss, {}
+    loss, parts = policy_loss - rl.entropy_coef * entropy, {}
     if returns is not None:  # PPO
         value_loss = clipped_value_loss(new.values.float(), rollout.values[env_index, chunk_index], returns[env_index, chunk_index], weight, VALUE_CLIP)
         loss = loss + VALUE_COEF * value_loss
