@@ -70,8 +70,8 @@ def _world_model_step(out: Path):
     from worldloop.worldmodel.configuration import WorldModelConfig
     from worldloop.worldmodel.train import train_world_model
 
-    config = WorldModelConfig(steps=1, batch_size=4, lr=1e-2, log_every=1, sample_every=1000, checkpoint_every=1000, sampling_steps=2,
-                              clip_stride=4, action_dropout=0.5)  # fmt: skip
+    config = WorldModelConfig(steps=1, batch_size=4, lr=1e-2, sample_every=1000, checkpoint_every=1000, sampling_steps=2,
+                              clip_stride=4)  # fmt: skip
     _, counts = _counting_writes(train_world_model, config, square_episodes(3, seed=1, length=16), tiny_vae(), out, CPU)
     return counts
 
@@ -103,7 +103,7 @@ def _sft(out: Path, stop_after: int | None):
     from _policy_fixtures import CLOSE, IMAGE, OPEN, synthetic_episodes, tiny_config
     from worldloop.policies.sft import fit_policy
 
-    config = tiny_config("sft.steps=4", "sft.eval_every=100", "sft.batch_size=8", "sft.augment_shift=2")
+    config = tiny_config("sft.steps=4", "sft.eval_every=100", "sft.batch_size=8")
     train, held = synthetic_episodes(4, length=6), synthetic_episodes(2, seed=1, length=6)
     if stop_after is not None:
         assert fit_policy(config, train, held, out, [OPEN, CLOSE], IMAGE, 4, stop_after=stop_after) == {"stopped_at": stop_after}

@@ -22,7 +22,7 @@ from worldloop.loop import Inputs
 from worldloop.diagnostics.monitor import train_watched
 from worldloop.diagnostics.reality import RealityCheck
 from worldloop.rl.configuration import RLDiagnosticsConfig
-from worldloop.rl.evaluate import evaluation_seeds
+from worldloop.rl.evaluate import EVAL_SEED_OFFSET, evaluation_seeds
 from worldloop.utils.stats import holm, mean_with_stderr, normal_p, paired_test, permutation_p, sign_flip_p, sign_test_p
 
 
@@ -110,7 +110,7 @@ def test_experiment_runs_the_base_once_every_arm_and_seed_resumes_and_analyses(t
     overrides = ["loop.eval_episodes_per_task=4", "rl.iterations=2", "loop.gate_min_kappa=0.6"]
     config = load_config("micro", overrides)
     tasks, calls = list(config.sim.tasks), []
-    verb = fake_verb(calls, tasks, 4, config.eval.seed_offset)
+    verb = fake_verb(calls, tasks, 4, EVAL_SEED_OFFSET)
     arms = ["full", "shuffled", "real_grpo"]
     run_experiment(config, "exp", Inputs(), "micro", overrides, arms, seeds=2, verb=verb, parallel=2, through_vae=True)
 
@@ -170,7 +170,7 @@ def test_with_several_gpus_each_arm_and_seed_runs_on_its_own(tmp_path, monkeypat
     overrides = ["loop.eval_episodes_per_task=4", "rl.iterations=2"]
     config = load_config("micro", overrides)
     calls: list = []
-    stand_in = fake_verb(calls, list(config.sim.tasks), 4, config.eval.seed_offset)
+    stand_in = fake_verb(calls, list(config.sim.tasks), 4, EVAL_SEED_OFFSET)
     placed: dict[str, set] = {}
 
     def verb(argv: list[str], env: dict[str, str] | None = None) -> int:
@@ -193,7 +193,7 @@ def test_an_experiment_refuses_unknown_arms_and_evaluations_from_other_initial_s
     overrides = ["loop.eval_episodes_per_task=4"]
     config = load_config("micro", overrides)
     tasks = list(config.sim.tasks)
-    verb = fake_verb([], tasks, 4, config.eval.seed_offset, arm_seed_offset=config.eval.seed_offset + 1)  # the arms' on other initial states
+    verb = fake_verb([], tasks, 4, EVAL_SEED_OFFSET, arm_seed_offset=EVAL_SEED_OFFSET + 1)  # the arms' on other initial states
     with pytest.raises(ValueError, match="did not start from the base evaluation's initial states"):
         run_experiment(config, "exp", Inputs(), "micro", overrides, ["full"], 1, verb=verb)
     assert main(["analyse", str(tmp_path / "nothing")]) == 2 and "not an experiment folder" in capsys.readouterr().err

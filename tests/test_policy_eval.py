@@ -39,10 +39,11 @@ def test_policy_evaluation_is_reproducible(tmp_path):
     from worldloop.data.video import read_mp4
 
     def run(seed: int, name: str):
-        config = sim_config("sim.max_steps=8", "eval.temperature=1.5", f"seed={seed}")
+        config = sim_config("sim.max_steps=8", f"seed={seed}")
         policy = tiny_policy(config)
         policy.image_size = 64  # the tiny policy's encoder pools to a fixed grid, so it runs at any size
-        results = evaluate_policy(policy, config, tasks=["reach-v3"], episodes_per_task=1, out=tmp_path / name, videos_per_task=1, progress=False)
+        results = evaluate_policy(policy, config, tasks=["reach-v3"], episodes_per_task=1, out=tmp_path / name, temperature=1.5,
+                                  videos_per_task=1, progress=False)
         return results, read_mp4(tmp_path / name / "videos" / "reach-v3_000.mp4")
 
     first, first_video = run(0, "a")

@@ -116,7 +116,7 @@ def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("rw")
     train = labelled_frames(cue_episodes(16, seed=0, size=16), list(TASKS))
     held_out = labelled_frames(cue_episodes(8, seed=1, size=16), list(TASKS))
-    config = RewardConfig(ClassifierConfig(input_size=16), ClassifierTrainingConfig(steps=STEPS, batch_size=16, lr=2e-3, eval_every=STEPS // 2, held_out_fraction=0.0))
+    config = RewardConfig(ClassifierConfig(input_size=16), ClassifierTrainingConfig(steps=STEPS, batch_size=16, lr=2e-3, eval_every=STEPS // 2))
     metrics = train_classifier(train, held_out, config, out, torch.device("cpu"), seed=0)
     return out, metrics, held_out
 
@@ -270,9 +270,24 @@ def test_training_resumes_from_its_latest_checkpoint(tmp_path, capsys):
     from worldloop.rewards.train import train_classifier
 
     data = labelled_frames(cue_episodes(4, size=16), list(TASKS))
-    config = RewardConfig(ClassifierConfig(input_size=16), ClassifierTrainingConfig(steps=2, batch_size=4, eval_every=1, augment=False))
+    config = RewardConfig(ClassifierConfig(input_size=16), ClassifierTrainingConfig(steps=2, batch_size=4, eval_every=1))
     train_classifier(data, None, config, tmp_path, torch.device("cpu"))
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_000000002"
     metrics = train_classifier(data, None, RewardConfig(ClassifierConfig(input_size=16), ClassifierTrainingConfig(steps=3, batch_size=4, eval_every=1)), tmp_path, torch.device("cpu"))
     assert "resuming" in capsys.readouterr().out and metrics["steps"] == 3 and metrics["held_out"] is None
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_000000003"
+
+
+def test_a_judge_saved_without_task_conditioning_is_refused_by_name(trained, tmp_path):
+    """reward.classifier.conditioning was retired (always 'task'): a folder saved with 'none' names it; one with 'task' loads."""
+    import json
+    import shutil
+
+    out, _, _ = trained
+    folder = shutil.copytree(out / "model", tmp_path / "model")
+    assert json.loads((folder / "config.json").read_text())["conditioning"] == "task"
+    assert SuccessClassifier.from_pretrained(folder).threshold == 0.5
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"conditioning": "none"}))
+    with pytest.raises(ValueError, match="conditioning='none'; reward.classifier.conditioning was retired"):
+        SuccessClassifier.from_pretrained(folder)

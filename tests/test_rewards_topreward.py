@@ -110,7 +110,6 @@ def test_calibrate_topreward_windows(judge, tmp_path):
     assert metrics["window"] == 16
     assert metrics["windows"] == 2 * 3  # labelled frames 1..9, every 3rd counted from the last
     assert (tmp_path / "histogram.png").stat().st_size > 1000
-    assert RewardConfig().topreward.window == judge.window
     scores = np.load(tmp_path / "scores.npz")
     assert scores["time"].tolist() == [3, 6, 9, 3, 6, 9]
 

@@ -93,24 +93,6 @@ def test_a_round_teaches_the_world_model_the_policys_rollouts_and_a_resumed_run_
     assert all(torch.equal(a, b) for a, b in zip(resumed.world_model.dit.parameters(), refiner.ema.parameters()))
 
 
-def test_refinement_keeps_training_the_no_action_condition_of_a_guided_world_model(vae, tmp_path):
-    """A world model trained with action dropout is refined with its own rate (saved with it), whatever the run's
-    world_model.action_dropout says, so the condition action guidance samples against keeps up with the rest."""
-    torch.manual_seed(1)
-    world_model = WorldModel.build(dataclasses.replace(CLIPS, action_dropout=0.5), vae, 32, 2, device="cpu")
-    assert world_model.spec["action_dropout"] == 0.5
-    rl = RLConfig(refine_every=1, refine_episodes_per_task=4, refine_steps=6)
-    refiner = WorldModelRefiner(world_model, ToyEnv(4, max_steps=32), [TASK], square_episodes(2, seed=1, length=24), rl, CLIPS, tmp_path, seed=0,
-                                lr=1e-3, ema_decay=0.0)  # fmt: skip
-    assert refiner.clip_config.action_dropout == 0.5 and CLIPS.action_dropout == 0.0
-    before = world_model.dit.null_action_tokens.detach().clone()
-    torch.manual_seed(2)
-    refiner(ToyPolicy(), 1)
-    assert not torch.equal(refiner.master.null_action_tokens, before)  # the null got gradients
-    plain = refiner_for(vae, tmp_path / "plain", steps=1)
-    assert plain.clip_config.action_dropout == 0.0 and not plain.master.null_actions
-
-
 def test_without_averaging_the_last_steps_weights_are_used(vae, tmp_path):
     refiner = refiner_for(vae, tmp_path, steps=3, ema_decay=0.0)
     torch.manual_seed(2)

@@ -259,7 +259,7 @@ def overfit_compact_vla(steps: int = 250) -> torch.nn.Module:
     from worldloop.policies.tokenizer import ActionTokenizer
 
     torch.manual_seed(0)
-    shape = PolicyConfig(vision_widths=[16, 32, 64, 128], image_grid=4, width=128, depth=2, heads=4, chunk_size=4, num_bins=256)
+    shape = PolicyConfig(vision_widths=[16, 32, 64, 128], image_grid=4, width=128, depth=2, heads=4, chunk_size=4)
     tokenizer = ActionTokenizer.fit(torch.rand(512, 2) * 2 - 1, (0.0, 100.0), 256)
     policy = CompactVLA(shape, 2, 32, tokenizer)
     target, text = torch.tensor(TARGETS[TASK]), toy_instruction(TASK)

@@ -193,29 +193,18 @@ def test_noisy_expert_produces_failures():
     assert torch.equal(total_reward, success.float() * 5.0)
 
 
-def test_held_noise_stays_for_its_steps_and_white_noise_is_unchanged():
-    """expert.noise_hold_steps: one draw per block of steps (a push the arm follows); 1 draws every step,
-    from the same generator as before the option (collections stay reproducible)."""
+def test_expert_noise_is_a_new_draw_every_step():
+    """A noisy episode's action noise: one draw per step from the plan's seeded generator (collections are reproducible)."""
     import numpy as np
 
     from worldloop.sims.experts import ScriptedExpert
 
     observation = np.zeros(39)  # the hand at its goal: the clean reach action is 0, nothing clips
-    clean = ScriptedExpert("reach-v3", ExpertPlan(seed=3))
-    assert not clean.act(observation, 0).any()
-
-    def noise(hold: int) -> np.ndarray:
-        expert = ScriptedExpert("reach-v3", ExpertPlan(noise_std=0.1, noise_hold_steps=hold, seed=3))
-        return np.stack([expert.act(observation, step) for step in range(12)])
-
-    held, white = noise(4), noise(1)
-    assert all((held[b * 4 : b * 4 + 4] == held[b * 4]).all() for b in range(3)) and len({tuple(held[b * 4]) for b in range(3)}) == 3
+    assert not ScriptedExpert("reach-v3", ExpertPlan(seed=3)).act(observation, 0).any()
+    expert = ScriptedExpert("reach-v3", ExpertPlan(noise_std=0.1, seed=3))
+    white = np.stack([expert.act(observation, step) for step in range(12)])
     draws = np.random.default_rng([3, 104729]).normal(0.0, 0.1, size=(12, 4))  # one draw per step, in order
-    assert np.allclose(white, np.clip(draws, -1, 1).astype(np.float32)) and np.allclose(held[::4], white[:3])
-    expert = ExpertConfig(action_noise=0.3, noise_hold_steps=8)
-    assert plan_episode(expert, noisy=True, seed=0).noise_hold_steps == 8
-    with pytest.raises(ValueError, match="noise_hold_steps"):
-        ExpertConfig(noise_hold_steps=0).validate()
+    assert np.allclose(white, np.clip(draws, -1, 1).astype(np.float32)) and len({tuple(row) for row in white}) == 12
 
 
 def test_parallel_workers_match_in_process():

@@ -12,7 +12,7 @@ from worldloop.worldmodel import vae as vae_lib
 from worldloop.worldmodel.clips import clip_spec, episode_clips, predecessors
 from worldloop.worldmodel.configuration import VAEConfig, WorldModelConfig
 from worldloop.worldmodel.metrics import psnr, ssim
-from worldloop.worldmodel.rollout import WorldModel, sample_future
+from worldloop.worldmodel.rollout import RETIRED_SPEC, WorldModel, sample_future
 
 SIZE = 32
 
@@ -24,17 +24,6 @@ def model() -> WorldModel:
     wm = WorldModel.build(WorldModelConfig(sampling_steps=2), vae, SIZE, 3, device="cpu")
     # make the action MLP non-trivial (it starts at zero, AdaLN-Zero style)
     torch.nn.init.normal_(wm.dit.frame_action_mlp[-1].weight, std=0.5)
-    return wm
-
-
-@pytest.fixture(scope="module")
-def guided(model) -> WorldModel:
-    """A world model with the learned "no action" condition (built for action_dropout), both action
-    channels and the null tokens made non-trivial."""
-    torch.manual_seed(1)
-    wm = WorldModel.build(WorldModelConfig(sampling_steps=2, action_dropout=0.2), model.vae, SIZE, 3, device="cpu")
-    torch.nn.init.normal_(wm.dit.frame_action_mlp[-1].weight, std=0.5)
-    torch.nn.init.normal_(wm.dit.null_action_tokens, std=1.0)
     return wm
 
 
@@ -82,31 +71,29 @@ def test_dit_rejects_bad_shapes(model):
 
 def test_clip_spec_pairs_each_frame_with_the_action_that_produced_it():
     actions = np.arange(40, dtype=np.float32).reshape(20, 2)
-    spec = clip_spec(actions, t=6, chunk=8, memory_frames=4)
+    spec = clip_spec(actions, t=6, chunk=8)
     assert spec.frame_indices.tolist() == [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
     assert np.array_equal(spec.actions[0], [0, 0])  # the pre/reference slot
     assert np.array_equal(spec.actions[1:], actions[2:14])  # frame i <- a[i-1]; future <- a[6..13]
-    early = clip_spec(actions, t=1, chunk=8, memory_frames=4)
+    early = clip_spec(actions, t=1, chunk=8)
     assert early.frame_indices[:5].tolist() == [0, 0, 0, 0, 1]
     assert not early.actions[1:4].any() and np.array_equal(early.actions[4], actions[0])
-    static = clip_spec(actions, t=3, chunk=8, memory_frames=4, static=True)
+    static = clip_spec(actions, t=3, chunk=8, static=True)
     assert static.static and set(static.frame_indices.tolist()) == {3} and not static.actions.any()
-    one = clip_spec(actions, t=6, chunk=8, memory_frames=1)
-    assert one.frame_indices[:5].tolist() == [6] * 5 and not one.actions[:5].any()
 
 
 def test_predecessor_futures_are_the_memory_frames():
     """Self-forcing replaces a clip's memory latent with the sample of its predecessor's last future
     latent: the predecessor's last 4 frames must be exactly this clip's memory frames."""
     actions = np.zeros((40, 2), np.float32)
-    specs = episode_clips(actions, chunk=8, memory_frames=4, stride=2, static_fraction=0.3, rng=np.random.default_rng(0))
+    specs = episode_clips(actions, chunk=8, stride=2, rng=np.random.default_rng(0), static_fraction=0.3)
     previous = predecessors(specs, chunk=8)
     assert any(s.static for s in specs) and all(previous[i] == -1 for i, s in enumerate(specs) if s.static)
     linked = [(i, j) for i, j in enumerate(previous) if j >= 0]
     assert len(linked) == sum(1 for s in specs if not s.static and s.frame_indices[4] >= 8)
     for i, j in linked:
         assert specs[j].frame_indices[-4:].tolist() == specs[i].frame_indices[1:5].tolist()
-    odd = predecessors(episode_clips(actions, chunk=8, memory_frames=4, stride=3, static_fraction=0.0, rng=np.random.default_rng(0)), chunk=8)
+    odd = predecessors(episode_clips(actions, chunk=8, stride=3, rng=np.random.default_rng(0), static_fraction=0.0), chunk=8)
     assert (odd >= 0).sum() == len([t for t in range(0, 32, 3) if t >= 8 and (t - 8) % 3 == 0])
 
 
@@ -210,18 +197,13 @@ def test_verbs_sample_as_saved_unless_the_command_line_says_otherwise(model, tmp
     assert "memory_noise 0.3 (command line)" in capsys.readouterr().out
 
 
-def test_ablation_switches_keep_shapes():
+def test_the_reference_slot_stays_and_the_memory_moves():
     torch.manual_seed(0)
-    vae = vae_lib.build_vae(VAEConfig())
-    for config in (WorldModelConfig(reference_frame=False, sampling_steps=1), WorldModelConfig(memory_frames=1, sampling_steps=1)):
-        wm = WorldModel.build(config, vae, SIZE, 2, device="cpu")
-        first = frames(2, seed=4)
-        wm.reset(first)
-        reference = wm.context[:, :, :1].clone()
-        out = wm.step(torch.randn(2, 8, 2))
-        assert out.shape == (2, 8, SIZE, SIZE, 3)
-        moved = not torch.allclose(wm.context[:, :, :1], reference)
-        assert moved == (not config.reference_frame)  # only the no-reference ablation slides slot 0
+    wm = WorldModel.build(WorldModelConfig(sampling_steps=1), vae_lib.build_vae(VAEConfig()), SIZE, 2, device="cpu")
+    wm.reset(frames(2, seed=4))
+    before = wm.context.clone()
+    assert wm.step(torch.randn(2, 8, 2)).shape == (2, 8, SIZE, SIZE, 3)
+    assert torch.equal(wm.context[:, :, :1], before[:, :, :1]) and not torch.allclose(wm.context[:, :, 1:], before[:, :, 1:])
 
 
 def test_wan22_5b_dimensions_build_and_run_on_the_meta_device():
@@ -247,25 +229,13 @@ def test_psnr_ssim():
 
 
 def test_config_validation():
-    with pytest.raises(ValueError, match="memory_frames"):
-        WorldModelConfig(memory_frames=2).validate()
-    with pytest.raises(ValueError, match="clip_frames"):
-        VAEConfig(clip_frames=4).validate()
     with pytest.raises(ValueError, match="chunk_size"):
         WorldModelConfig(chunk_size=6).validate()
-    with pytest.raises(ValueError, match="self_forcing"):
-        WorldModelConfig(self_forcing=0.5, memory_frames=1).validate()
     with pytest.raises(ValueError, match="self_forcing"):
         WorldModelConfig(self_forcing=1.5).validate()
     for config in (VAEConfig(time_limit_s=-1), WorldModelConfig(time_limit_s=-1)):
         with pytest.raises(ValueError, match="time_limit_s"):
             config.validate()
-    for bad in (-0.1, 1.0):
-        with pytest.raises(ValueError, match="action_dropout"):
-            WorldModelConfig(action_dropout=bad).validate()
-    with pytest.raises(ValueError, match="action_guidance"):
-        WorldModelConfig(action_guidance=0.5).validate()
-    WorldModelConfig(action_dropout=0.1, action_guidance=3.0).validate()  # guidance of a model trained with dropout
 
 
 def _static_scene_error(context_channels: bool, steps: int = 100, seed: int = 0) -> float:
@@ -325,134 +295,24 @@ def test_context_channels_are_saved_with_the_model_and_an_init_must_match(tmp_pa
         train_world_model(WorldModelConfig(steps=1), [], vae, tmp_path / "plain", torch.device("cpu"), clips=clips, init=loaded)
 
 
-# ------------------------------------------------------------------------------------ action guidance
+# ------------------------------------------------------------------------------------ folders of earlier versions
 
 
-def test_a_dropped_row_ignores_its_actions_in_a_batch_whose_kept_row_does_not(model, guided):
-    """drop=True rows get the "no action" condition (null tokens, no AdaLN offset): their velocity is the
-    same whatever their actions; a kept row in the same batch still follows its actions, exactly as without drop."""
-    latents = torch.randn(1, 8, 4, 4, 4).expand(2, -1, -1, -1, -1)
-    sigmas = torch.tensor([[0.0, 0.0, 0.7, 0.7]] * 2)
-    actions, other = torch.randn(2, 13, 3), torch.randn(2, 13, 3)
-    drop = torch.tensor([False, True])
-    with torch.no_grad():
-        out, out_other = (guided.dit(latents, sigmas, a, drop=drop) for a in (actions, other))
-        undropped = guided.dit(latents, sigmas, actions)
-    assert torch.equal(out[1], out_other[1])
-    assert (out[0] - out_other[0]).abs().max() > 1e-4
-    assert torch.allclose(out[0], undropped[0], atol=1e-6)
-    assert (out[1] - undropped[1]).abs().max() > 1e-4  # the null is a condition of its own
-    with pytest.raises(ValueError, match="no 'no action' condition"):
-        model.dit(latents, sigmas, actions, drop=drop)
-
-
-def plain_euler(dit, context: torch.Tensor, actions: torch.Tensor, noise: torch.Tensor, sigmas: torch.Tensor) -> torch.Tensor:
-    """The sampler as it was before action guidance: one conditional DiT call per Euler step."""
-    latents = noise
-    for sigma, sigma_next in zip(sigmas[:-1].tolist(), sigmas[1:].tolist()):
-        per_frame = torch.tensor([0.0, 0.0, sigma, sigma]).expand(len(noise), -1)
-        with torch.no_grad():
-            velocity = dit(torch.cat([context, latents], dim=2), per_frame, actions)
-        latents = latents + (sigma_next - sigma) * velocity[:, :, 2:]
-    return latents
-
-
-def test_action_guidance_one_is_plain_sampling_and_two_extrapolates_in_one_batched_call(guided):
-    dit, g = guided.dit, torch.Generator().manual_seed(0)
-    context, noise = torch.randn(3, 8, 2, 4, 4, generator=g), torch.randn(3, 8, 2, 4, 4, generator=g)
-    actions = torch.randn(3, 13, 3, generator=g)
-    calls = []  # (rows, drop) of every DiT call
-
-    def record(module, args, kwargs) -> None:
-        calls.append((args[0].shape[0], kwargs.get("drop")))
-
-    hook = dit.register_forward_pre_hook(record, with_kwargs=True)
-    try:
-        plain = sample_future(dit, context, actions, noise, guided.sigmas, guidance=1.0)
-        plain_calls, calls[:] = list(calls), []
-        step = sample_future(dit, context, actions, noise, torch.tensor([0.8, 0.3]), guidance=2.0)
-    finally:
-        hook.remove()
-    assert torch.equal(plain, plain_euler(dit, context, actions, noise, guided.sigmas))
-    assert plain_calls == [(3, None)] * guided.sampling_steps
-    assert len(calls) == 1 and calls[0][0] == 6 and calls[0][1].tolist() == [False] * 3 + [True] * 3
-    # by hand, from two separate calls: v = v_none + 2 (v_actions - v_none)
-    latents, per_frame = torch.cat([context, noise], dim=2), torch.tensor([[0.0, 0.0, 0.8, 0.8]] * 3)
-    with torch.no_grad():
-        v_actions = dit(latents, per_frame, actions)[:, :, 2:]
-        v_none = dit(latents, per_frame, actions, drop=torch.ones(3, dtype=torch.bool))[:, :, 2:]
-    expected = noise + (0.3 - 0.8) * (v_none + 2.0 * (v_actions - v_none))
-    assert torch.allclose(step, expected, atol=1e-5)
-    assert (step - (noise + (0.3 - 0.8) * v_actions)).abs().max() > 1e-3  # guidance changed the step
-
-
-def test_action_guidance_needs_a_model_trained_with_action_dropout(model, guided, tmp_path):
-    with pytest.raises(ValueError, match="action_guidance=2.0 needs a world model trained with world_model.action_dropout"):
-        model.set_sampling(model.sampling_steps, model.shift, model.decode_mode, action_guidance=2.0)
-    assert model.action_guidance == 1.0
-    folder = model.save_pretrained(tmp_path / "plain")
-    with pytest.raises(ValueError, match=re.escape(f"world model {folder}: world_model.action_guidance=2.0")):
-        WorldModel.from_pretrained(folder, "cpu", action_guidance=2.0)
-    with pytest.raises(ValueError, match="action_guidance must be >= 1"):
-        guided.set_sampling(guided.sampling_steps, guided.shift, guided.decode_mode, action_guidance=0.5)
-
-
-def test_the_no_action_condition_and_the_guidance_are_saved_with_the_model(guided, tmp_path, capsys):
-    from worldloop.commands.shared import load_world_model
-    from worldloop.config import load_config
-
-    first, chunk = frames(2, seed=8), torch.randn(2, 8, 3)
-    steps, shift, decode = guided.sampling_steps, guided.shift, guided.decode_mode
-    guided.set_sampling(steps, shift, decode, action_guidance=3.0)
-    try:
-        folder = guided.save_pretrained(tmp_path / "wm")
-        guided.reset(first, seeds=[1, 2])
-        expected = guided.step(chunk)
-    finally:
-        guided.set_sampling(steps, shift, decode)
-    saved = json.loads((folder / "config.json").read_text())
-    assert saved["null_actions"] is True and saved["action_guidance"] == 3.0
-    loaded = WorldModel.from_pretrained(folder, "cpu")
-    assert loaded.dit.null_actions and loaded.action_guidance == 3.0
-    assert torch.equal(loaded.dit.null_action_tokens, guided.dit.null_action_tokens)
-    loaded.reset(first, seeds=[1, 2])
-    assert torch.equal(loaded.step(chunk), expected)
-    overrides = ["world_model.action_guidance=1.5"]
-    overridden = load_world_model(folder, load_config("tiny-cpu", overrides), overrides, torch.device("cpu"))
-    assert overridden.action_guidance == 1.5 and "action_guidance 1.5 (command line)" in capsys.readouterr().out
-
-
-def test_a_model_saved_before_action_guidance_loads_strictly_as_before(model, tmp_path):
-    """A folder without null_actions / action_guidance in its config.json is a DiT without the null, loaded
-    strictly: its weights hold no new tensor, and a config that claims the null is refused by name."""
-    from safetensors.torch import load_file
-
+def test_a_model_saved_with_retired_options_loads_at_the_fixed_values_and_is_refused_otherwise(model, tmp_path):
+    """World models saved before the 1-frame and sliding-reference ablations and action guidance were retired hold
+    memory_frames, reference_frame, null_actions, action_dropout and action_guidance in their config.json."""
     folder = model.save_pretrained(tmp_path / "old")
-    assert not [name for name in load_file(folder / "model.safetensors") if "null" in name]
     config = json.loads((folder / "config.json").read_text())
-    del config["null_actions"], config["action_guidance"]
-    (folder / "config.json").write_text(json.dumps(config))
-    old = WorldModel.from_pretrained(folder, "cpu")
-    assert not old.dit.null_actions and old.action_guidance == 1.0
+    assert not RETIRED_SPEC.keys() & config.keys()
+    old = {"memory_frames": 4, "reference_frame": True, "null_actions": False, "action_dropout": 0.0, "action_guidance": 1.0}
+    (folder / "config.json").write_text(json.dumps({**config, **old}))
+    loaded = WorldModel.from_pretrained(folder, "cpu")
+    assert not RETIRED_SPEC.keys() & loaded.spec.keys()
     first, chunk = frames(2, seed=9), torch.randn(2, 8, 3)
     model.reset(first, seeds=[6, 7])
-    old.reset(first, seeds=[6, 7])
-    assert torch.equal(old.step(chunk), model.step(chunk))
-    (folder / "config.json").write_text(json.dumps({**config, "null_actions": True}))
-    with pytest.raises(ValueError, match=re.escape("missing ['null_action_tokens']")):
-        WorldModel.from_pretrained(folder, "cpu")
-
-
-def test_bench_wm_times_the_guided_sampler_at_twice_the_rows(model, monkeypatch):
-    """`bench wm` with world_model.action_guidance != 1 times the DiT as the rollout runs it (2N rows a call)."""
-    from worldloop.worldmodel import bench
-
-    monkeypatch.setitem(bench.RESOLUTION, "tiny", SIZE)  # the fixture's resolution, not the preset's
-    guided = WorldModel.build(WorldModelConfig(sampling_steps=1, action_dropout=0.2), model.vae, SIZE, 4, device="cpu")  # bench's 4 actions
-    cpu, rows = torch.device("cpu"), {}
-    for scale in (1.0, 2.0):
-        guided.set_sampling(guided.sampling_steps, guided.shift, guided.decode_mode, action_guidance=scale)
-        rows[scale] = bench.measure(guided, "tiny", 2, cpu, repeats=1)
-    assert [(r["action_guidance"], r["dit_rows"]) for r in rows.values()] == [(1.0, 2), (2.0, 4)]
-    counted = [r["dit_tflops"] * r["dit_ms"] for r in rows.values()]  # the FLOPs counted, whatever the timing
-    assert counted[1] == pytest.approx(2 * counted[0], rel=1e-6)
+    loaded.reset(first, seeds=[6, 7])
+    assert torch.equal(loaded.step(chunk), model.step(chunk))
+    for key, value in (("null_actions", True), ("memory_frames", 1), ("reference_frame", False)):
+        (folder / "config.json").write_text(json.dumps({**config, **old, key: value}))
+        with pytest.raises(ValueError, match=re.escape(f"config.json has {key}={value!r}; world_model.{key} was retired")):
+            WorldModel.from_pretrained(folder, "cpu")

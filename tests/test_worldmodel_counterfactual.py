@@ -86,9 +86,9 @@ def test_eval_wm_counterfactual_from_the_command_line(tiny_dataset, tmp_path):
 
     torch.manual_seed(0)
     WorldModel.build(WorldModelConfig(sampling_steps=1), tiny_vae(), 64, 4, device="cpu").save_pretrained(tmp_path / "wm")
-    overrides = [*TINY_OVERRIDES, "world_model.held_out_fraction=0.5", "world_model.eval_horizons=[8,16]", "world_model.sampling_steps=1"]
+    overrides = [*TINY_OVERRIDES, "world_model.eval_horizons=[8,16]", "world_model.sampling_steps=1"]
     assert main(["eval-wm", "--world-model", str(tmp_path / "wm"), "--dataset", str(tiny_dataset), "--out", str(tmp_path / "eval"),
-                 "--counterfactual", *overrides]) == 0
+                 "--counterfactual", "--held-out-fraction", "0.5", *overrides]) == 0
     rows = json.loads((tmp_path / "eval" / "metrics.json").read_text())["counterfactual"]
     from PIL import Image
 

@@ -24,7 +24,7 @@ CPU = torch.device("cpu")
 
 
 def fast_config(**changes) -> WorldModelConfig:
-    base = dict(steps=6, batch_size=4, lr=1e-3, log_every=2, sample_every=1000, checkpoint_every=1000, sampling_steps=2, clip_stride=4)
+    base = dict(steps=6, batch_size=4, lr=1e-3, sample_every=1000, checkpoint_every=1000, sampling_steps=2, clip_stride=4)
     return WorldModelConfig(**{**base, **changes})
 
 
@@ -53,13 +53,14 @@ def bump_clips(count: int, generator: torch.Generator, channels: int = 8, grid: 
     return {"latents": latents, "actions": actions}, second
 
 
-def test_action_conditioning_is_learned(vae, tmp_path):
+def test_action_conditioning_is_learned(vae, tmp_path, monkeypatch):
     """After a short training on clips where actions determine motion: two different action chunks
     from the same context and the same noise give different predictions, and the true actions
     explain the future better than the opposite ones."""
     generator = torch.Generator().manual_seed(0)
     clips, _ = bump_clips(512, generator)
-    config = fast_config(steps=600, batch_size=32, lr=3e-3, context_noise=0.0, ema_decay=0.9, shift=1.0, sampling_steps=5)
+    monkeypatch.setattr("worldloop.worldmodel.train.CONTEXT_NOISE", 0.0)  # clean context: the actions alone explain the motion
+    config = fast_config(steps=600, batch_size=32, lr=3e-3, ema_decay=0.9, shift=1.0, sampling_steps=5)
     model = train_world_model(config, [], vae, tmp_path / "wm", CPU, clips=clips)
     context = clips["latents"][:4, :, :2]
     chunks = torch.zeros(2, 4, 13, 2)
@@ -141,7 +142,7 @@ def test_self_forced_memory_rolls_out_up_to_self_forcing_chunks(vae, tmp_path, m
 
 def test_train_vae_writes_a_loadable_folder_and_metrics(tmp_path):
     episodes = square_episodes(3, seed=2, length=12)
-    metrics = train_vae(VAEConfig(steps=2, batch_size=2, log_every=1), episodes[:2], episodes[2:], tmp_path / "vae", CPU)
+    metrics = train_vae(VAEConfig(steps=2, batch_size=2), episodes[:2], episodes[2:], tmp_path / "vae", CPU)
     saved = json.loads((tmp_path / "vae" / "metrics.json").read_text())
     assert saved["steps"] == 2 and 0 < saved["held_out"]["psnr"] < 100 and -1 <= saved["held_out"]["ssim"] <= 1
     assert 0 < saved["held_out"]["psnr_moving"] < 100  # the squares move: some pixels leave the first frame's colour
@@ -159,10 +160,10 @@ def test_train_vae_continues_from_an_earlier_vae_with_init(tmp_path):
     from worldloop.config import ConfigError, load_config
 
     episodes = square_episodes(3, seed=2, length=12)
-    train_vae(VAEConfig(steps=3, batch_size=2, log_every=1), episodes[:2], episodes[2:], tmp_path / "a", CPU)
+    train_vae(VAEConfig(steps=3, batch_size=2), episodes[:2], episodes[2:], tmp_path / "a", CPU)
     earlier = vae_lib.load_vae(tmp_path / "a").state_dict()
     fresh = vae_lib.build_vae(VAEConfig()).state_dict()
-    tiny_step = VAEConfig(steps=1, batch_size=2, log_every=1, lr=1e-12, init=str(tmp_path / "a"))
+    tiny_step = VAEConfig(steps=1, batch_size=2, lr=1e-12, init=str(tmp_path / "a"))
     metrics = train_vae(tiny_step, episodes[:2], episodes[2:], tmp_path / "b", CPU, seed=5)
     continued = vae_lib.load_vae(tmp_path / "b")
     assert metrics["steps"] == 1
@@ -189,7 +190,7 @@ def test_train_vae_resumes_exactly_from_a_checkpoint(tmp_path, monkeypatch):
     (the clips are drawn on the device from the checkpointed generator)."""
     skip_vae_measurements(monkeypatch)
     episodes = square_episodes(3, seed=2, length=12)
-    config = VAEConfig(steps=3, batch_size=2, log_every=1, checkpoint_every=2)
+    config = VAEConfig(steps=3, batch_size=2, checkpoint_every=2)
     train_vae(config, episodes[:2], episodes[2:], tmp_path / "run", CPU)
     whole = vae_lib.load_vae(tmp_path / "run").state_dict()
     assert any(not torch.allclose(value, vae_lib.build_vae(config).state_dict()[name]) for name, value in whole.items())
@@ -213,7 +214,8 @@ def test_bench_vae_train_times_the_real_training_loop(tmp_path, monkeypatch):
 
     monkeypatch.setattr(train_lib, "train_vae", recorded)
     skip_vae_measurements(monkeypatch)  # fixed costs the bench subtracts; skipped here for time
-    overrides = ["sim.image_size=64", "vae.batch_size=1", "vae.clip_frames=5"]
+    monkeypatch.setattr(train_lib, "VAE_CLIP_FRAMES", 5)  # short clips, for time
+    overrides = ["sim.image_size=64", "vae.batch_size=1"]
     assert main(["bench", "vae-train", "--steps", "2", "--out", str(tmp_path / "bench.txt"), *overrides]) == 0
     assert calls == [2, 2, 1]
     (row,) = json.loads((tmp_path / "bench.json").read_text())["rows"]
@@ -502,19 +504,17 @@ def test_frame_store_draws_clips_of_consecutive_frames_and_holds_a_short_episode
     assert (index[short] == torch.tensor([0, 1, 2, 2, 2])).all()  # 3 frames: the last one held
 
 
-def test_self_forcing_samples_in_self_forcing_steps(vae, tmp_path, monkeypatch):
-    """world_model.self_forcing_steps: the self-forced memory is sampled in that many Euler steps (0: sampling_steps)."""
+def test_self_forcing_samples_in_sampling_steps(vae, tmp_path, monkeypatch):
+    """The self-forced memory is sampled as a rollout samples it: in world_model.sampling_steps Euler steps."""
     from worldloop.worldmodel import train as train_lib
 
     episodes, real = square_episodes(2, seed=2, length=24), train_lib.sample_future
-    for steps, expected in ((0, 2), (1, 1)):
+    for steps in (1, 3):
         calls = []
         monkeypatch.setattr(train_lib, "sample_future", lambda dit, c, a, n, sigmas, *rest: calls.append(len(sigmas) - 1) or real(dit, c, a, n, sigmas, *rest))
-        config = fast_config(steps=2, self_forcing=1.0, self_forcing_after=0.0, self_forcing_steps=steps, clip_stride=8)
+        config = fast_config(steps=2, self_forcing=1.0, self_forcing_after=0.0, sampling_steps=steps, clip_stride=8)
         train_world_model(config, episodes, vae, tmp_path / f"sf{steps}", CPU)
-        assert calls[:2] == [expected, expected] and calls[-1] == config.sampling_steps  # two training steps, then the final samples
-    with pytest.raises(ValueError, match="self_forcing_steps"):
-        WorldModelConfig(self_forcing_steps=-1).validate()
+        assert calls[:2] == [steps, steps] and calls[-1] == steps  # two training steps, then the final samples
 
 
 def test_a_copied_world_model_is_continued_by_init(vae, tmp_path):
@@ -546,47 +546,3 @@ def test_a_copied_world_model_is_continued_by_init(vae, tmp_path):
         train_world_model(fast_config(steps=0), square_episodes(2, seed=3, length=16, action_dim=3), vae, tmp_path / "d", CPU, init=carried)
 
 
-def test_action_dropout_trains_the_no_action_condition_and_resumes_exactly(vae, tmp_path):
-    """A fraction of the clips learn the null tokens (only dropped clips reach them); the drops come from the
-    training's seeded generator, so a resumed run ends on the same weights; a run without the null does not
-    resume from its checkpoint."""
-    from worldloop.worldmodel.rollout import WorldModel
-
-    clips, _ = bump_clips(16, torch.Generator().manual_seed(0))
-    config = fast_config(steps=4, checkpoint_every=2, action_dropout=0.5)
-    straight = train_world_model(config, [], vae, tmp_path / "a", CPU, clips=clips)
-    torch.manual_seed(0)  # the training's seed: the same initial DiT
-    initial = WorldModel.build(config, vae, 32, 2, device="cpu").dit.null_action_tokens.detach()
-    assert straight.dit.null_actions and json.loads((tmp_path / "a" / "config.json").read_text())["null_actions"] is True
-    assert (straight.dit.null_action_tokens - initial).abs().max() > 5e-4
-    shutil.rmtree(tmp_path / "a" / "checkpoints" / "step_000000004")
-    (tmp_path / "a" / "checkpoints" / "latest").unlink()
-    resumed = train_world_model(config, [], vae, tmp_path / "a", CPU, clips=clips)
-    for (name, p), q in zip(straight.dit.state_dict().items(), resumed.dit.state_dict().values()):
-        assert torch.equal(p, q), name
-    with pytest.raises(ValueError, match=r"differs in \['null_actions'\]"):
-        train_world_model(fast_config(steps=6), [], vae, tmp_path / "a", CPU, clips=clips)
-
-
-def test_init_from_a_model_without_the_null_adds_it_and_keeps_every_other_weight(vae, tmp_path, capsys):
-    """train-wm --init FOLDER with action_dropout > 0, FOLDER saved without the null: its weights load and only
-    the null tokens are new (from its zero-action tokens); the reverse, and any other mismatch, is an error."""
-    from worldloop.worldmodel.rollout import WorldModel
-    from worldloop.worldmodel.train import load_init_weights
-
-    clips, _ = bump_clips(8, torch.Generator().manual_seed(1))
-    torch.manual_seed(3)
-    WorldModel.build(fast_config(), vae, 32, 2, device="cpu").save_pretrained(tmp_path / "plain")
-    plain = WorldModel.from_pretrained(tmp_path / "plain", CPU)  # as train-wm --init loads it
-    continued = train_world_model(fast_config(steps=0, action_dropout=0.3), [], vae, tmp_path / "b", CPU, clips=clips, init=plain)
-    weights, old = continued.dit.state_dict(), plain.dit.state_dict()
-    assert set(weights) - set(old) == {"null_action_tokens"}
-    for name, value in old.items():
-        assert torch.equal(weights[name], value), name
-    assert torch.equal(weights["null_action_tokens"], old["action_tokens.bias"] + old["slot_embedding"])
-    assert "new null action tokens" in capsys.readouterr().out
-    assert WorldModel.from_pretrained(tmp_path / "b", CPU).dit.null_actions
-    with pytest.raises(ValueError, match="--init world model has a learned 'no action' condition"):
-        train_world_model(fast_config(steps=0), [], vae, tmp_path / "c", CPU, clips=clips, init=continued)
-    with pytest.raises(ValueError, match=re.escape("unexpected ['null_action_tokens']")):
-        load_init_weights(plain.dit, continued.dit)

@@ -18,7 +18,7 @@ import os
 import re
 import sys
 
-from worldloop.config import DEFAULT_PRESET, ConfigError, load_config, load_saved_config
+from worldloop.config import DEFAULT_PRESET, ConfigError, load_config, load_saved_config, retired_as_fixed
 from worldloop.utils.gl import RenderingUnavailable
 from worldloop.utils.runfolder import RunClaim, RunError, as_os_error, describe_os_error
 
@@ -134,7 +134,7 @@ def _claimed(args: argparse.Namespace, config) -> int:
         if isinstance(said, str):
             raise RunError(said)
         return 0 if said else int(args._module.run(args, config) or 0)
-    claim = RunClaim(args.out, args.verb, spec, config, vars(args), overwrite=args.overwrite, read_config=load_saved_config)
+    claim = RunClaim(args.out, args.verb, spec, config, vars(args), overwrite=args.overwrite, read_config=load_saved_config, retired=retired_as_fixed)
     try:
         claim.__enter__()
     except Exception as error:

@@ -57,7 +57,7 @@ RENAMED: dict[str, str] = {
     "reward.classifier.threshold_tolerance_se": "reward.calibrate.threshold_tolerance_se",
     "reward.classifier.threshold_significance_se": "reward.calibrate.threshold_significance_se",
     **{f"reward.classifier.{name}": f"reward.training.{name}"
-       for name in ("threshold_from", "steps", "batch_size", "lr", "held_out_fraction", "eval_every", "augment")},
+       for name in ("threshold_from", "steps", "batch_size", "lr", "eval_every")},
     "loop.evo_rollouts_per_task": "rl.refine_episodes_per_task",
     "loop.evo_wm_steps": "rl.refine_steps",
 }
@@ -110,6 +110,35 @@ RETIRED: dict[str, tuple[Any, str]] = {
     "rl.kir_lead_frames": (4, "remove the key"),
     "rl.kir_max_per_episode": (4, "remove the key"),
     "rl.kir_failure_stride": (16, "remove the key"),
+    # 2026-12-04, third pass: one-off experiment switches, ablations that lost, and knobs no preset moved
+    **{f"{section}.held_out_fraction": (0.1, "training keeps worldloop.data.dataset.HELD_OUT_FRACTION of each task's episodes "
+                                             "out; `worldloop eval-wm --held-out-fraction` measures on another share")
+       for section in ("sft", "vae", "world_model")},
+    **{f"reward.{section}.held_out_fraction": (0.2, "train-reward keeps worldloop.rewards.train.HELD_OUT_FRACTION out; remove the key")
+       for section in ("classifier", "training")},
+    "vae.log_every": (ANY_VALUE, "losses are logged every worldloop.worldmodel.train.LOG_EVERY steps; remove the key"),
+    "world_model.log_every": (ANY_VALUE, "losses are logged every worldloop.worldmodel.train.LOG_EVERY steps; remove the key"),
+    "world_model.static_fraction": (0.05, "remove the key (worldloop.worldmodel.clips.STATIC_FRACTION)"),
+    "world_model.self_forcing_steps": (0, "a self-forced memory is sampled in world_model.sampling_steps Euler steps, as in a rollout"),
+    "world_model.memory_frames": (4, "WoVR's four memory frames; the one-frame ablation is gone"),
+    "world_model.reference_frame": (True, "first-frame anchoring; the sliding ablation is gone"),
+    "world_model.context_noise": (0.3, "remove the key (worldloop.worldmodel.train.CONTEXT_NOISE)"),
+    "world_model.action_dropout": (0.0, "action guidance was not a fix as trained (docs/experiments/2026-12-03-action-guidance.md)"),
+    "world_model.action_guidance": (1.0, "action guidance was not a fix as trained (docs/experiments/2026-12-03-action-guidance.md)"),
+    "reward.calibrate.max_episodes": (ANY_VALUE, "`worldloop calibrate-reward --max-episodes` takes it"),
+    "sft.augment_shift": (4, "remove the key (worldloop.policies.sft.AUGMENT_SHIFT)"),
+    "eval.temperature": (1.0, "evaluations sample at temperature 1 unless eval.greedy; `worldloop eval --temperature` takes another"),
+    "eval.seed_offset": (2**31, "remove the key (worldloop.rl.evaluate.EVAL_SEED_OFFSET)"),
+    "expert.noise_hold_steps": (1, "expert noise is a new draw every step; remove the key"),
+    "reward.classifier.conditioning": ("task", "the judge is always FiLM-conditioned on the task; remove the key"),
+    **{f"reward.{section}.augment": (True, "the judge always trains on frames degraded like world-model output; remove the key")
+       for section in ("classifier", "training")},
+    "rl.gamma": (0.99, "remove the key (worldloop.rl.trainer.GAMMA)"),
+    "rl.gae_lambda": (0.95, "remove the key (worldloop.rl.trainer.GAE_LAMBDA)"),
+    "policy.num_bins": (256, "remove the key (worldloop.policies.tokenizer.NUM_BINS)"),
+    "vae.clip_frames": (13, "remove the key (worldloop.worldmodel.train.VAE_CLIP_FRAMES: the world model's 4 latent frames)"),
+    "reward.topreward.window": (16, "remove the key (worldloop.rewards.topreward.WINDOW: the previous and the current chunk)"),
+    "world_model.gradient_checkpointing": (ANY_VALUE, "the DiT trains without it (the GPU preset had it off: batch 256 fits, compiled); remove the key"),
 }
 """Keys that are gone: old dotted name -> (the value the code now always uses, what to do instead).
 A user's preset or override that sets one stops with an error naming it; a saved config or model folder
@@ -312,6 +341,11 @@ def old_key_error(where: str) -> str | None:
     return None
 
 
+def retired_as_fixed(dotted: str, value: Any) -> bool:
+    """Whether ``dotted`` is a retired key and ``value`` (as saved) the one this version now always uses."""
+    return dotted in RETIRED and RETIRED[dotted][0] in (value, ANY_VALUE)
+
+
 def upgraded(data: dict[str, Any]) -> dict[str, Any]:
     """A mapping saved by an earlier version with its renamed keys moved to where they live now, values kept
     (where both are set, the new key's value wins)."""
@@ -344,7 +378,7 @@ def from_dict(cls: type, data: Any, path: str = "", saved: bool = False) -> Any:
     for key, value in data.items():
         where = f"{path}{key}"
         if key not in names:
-            if saved and where in RETIRED and RETIRED[where][0] in (value, ANY_VALUE):
+            if saved and retired_as_fixed(where, value):
                 continue
             if saved and where in RETIRED:
                 raise ConfigError(f"saved config key '{where}' = {value!r}: this version always uses {RETIRED[where][0]!r}")
@@ -432,8 +466,7 @@ def describe(hint: Any) -> str:
 SAVED_WITH_MODEL: dict[str, tuple[str, ...] | None] = {
     "policy": None,
     "vae": ("size", "spatial_downsamples"),
-    "world_model": ("size", "chunk_size", "memory_frames", "reference_frame", "context_channels", "action_dropout",
-                    "sampling_steps", "shift", "decode", "memory_noise", "action_guidance"),
+    "world_model": ("size", "chunk_size", "context_channels", "sampling_steps", "shift", "decode", "memory_noise"),
     "reward.classifier": None,
 }
 """What a trained model keeps in its folder (section -> its fields, None: every field): the architecture, and the world

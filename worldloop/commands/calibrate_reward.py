@@ -26,9 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--split",
         choices=("all", "held_out"),
         default="all",
-        help="held_out: only the episodes train-reward held out (same seed and reward.training.held_out_fraction)",
+        help="held_out: only the episodes train-reward held out (same seed and split)",
     )
     parser.add_argument("--world-model", default=None, help="a train-wm folder: also judge these episodes replayed in it")
+    parser.add_argument("--max-episodes", type=int, default=200, help="episodes read from the dataset, spread evenly over it")
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
@@ -38,17 +39,18 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from worldloop.config import save_config
     from worldloop.data.dataset import TrajectoryDataset, split_episodes
     from worldloop.rewards.calibrate import calibrate
+    from worldloop.rewards.train import HELD_OUT_FRACTION
     from worldloop.rewards import load_judge
     from worldloop.utils.device import resolve_device
 
     dataset = TrajectoryDataset(args.dataset)
     if args.split == "held_out":
-        indices = np.asarray(split_episodes(dataset, config.reward.training.held_out_fraction, seed=config.seed)[1])
+        indices = np.asarray(split_episodes(dataset, HELD_OUT_FRACTION, seed=config.seed)[1])
     else:
         indices = np.arange(dataset.num_episodes)
     if len(indices) == 0:
         raise ValueError(f"calibrate-reward: no episodes to score in {args.dataset} (split {args.split})")
-    keep = min(len(indices), config.reward.calibrate.max_episodes)
+    keep = min(len(indices), max(1, args.max_episodes))
     indices = indices[np.unique(np.linspace(0, len(indices) - 1, keep).round().astype(int))]
     device = resolve_device(config.device)
     world_model = None

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
         policy = load_policy(args.policy, resolve_device(config.device))
         policy.add_instructions([instruction(task) for task in resolve_tasks(config.sim)])  # before the simulator starts
-        driver = policy_driver(policy, temperature=config.eval.temperature, greedy=config.eval.greedy)
+        driver = policy_driver(policy, temperature=1.0, greedy=config.eval.greedy)
     summary = collect(config, args.out, driver=driver, policy_name=args.policy, progress=not args.no_progress)
     run_info = summary["run"]
     print(format_summary(summary))

@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--episodes-per-task", type=int, default=None, help="episodes per task (default: eval.episodes_per_task)")
     parser.add_argument("--num-envs", type=int, default=None, help="environments stepped together (default: eval.num_envs)")
     parser.add_argument("--greedy", action="store_true", help="take the most likely action tokens")
-    parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: eval.temperature)")
+    parser.add_argument("--temperature", type=float, default=None, help="sampling temperature of the action tokens (default 1; ignored when greedy)")
     parser.add_argument("--world-model", default=None, help="world-model (or VAE) folder: the policy sees the simulator's frames encoded and decoded "
                         "by its VAE, as it sees imagined ones; success is still the simulator's")
     parser.add_argument("--against", default=None, help="another evaluation's results.json (same tasks and episodes, e.g. the base policy's): "
@@ -51,8 +51,6 @@ def run(args: argparse.Namespace, config: Config) -> int:
         config.eval.num_envs = args.num_envs
     if args.greedy:
         config.eval.greedy = True
-    if args.temperature is not None:
-        config.eval.temperature = args.temperature
     config.sim.validate()
     config.eval.validate()
     before = None
@@ -61,13 +59,13 @@ def run(args: argparse.Namespace, config: Config) -> int:
             before = json.loads(Path(args.against).read_text())
         except (OSError, ValueError) as error:
             raise ValueError(f"--against {args.against}: not an evaluation's results.json ({error})") from error
-        seeds = evaluation_seeds(resolve_tasks(config.sim), config.eval.episodes_per_task, config.eval.seed_offset)
+        seeds = evaluation_seeds(resolve_tasks(config.sim), config.eval.episodes_per_task)
         if not isinstance(before, dict) or before.get("seeds") != seeds:
             raise ValueError(f"--against {args.against} did not start from the initial states this evaluation will: evaluate with "
-                             "the same tasks, episodes per task and eval.seed_offset")  # fmt: skip
+                             "the same tasks and episodes per task")  # fmt: skip
     save_config(config, args.out)
     policy = load_policy(args.policy, resolve_device(config.device))
-    results = evaluate_policy(policy, config, out=args.out, world_model=args.world_model)
+    results = evaluate_policy(policy, config, out=args.out, world_model=args.world_model, temperature=args.temperature)
     print(results_table(results), end="")
     if before is not None:
         change = paired_eval_change(before, results)

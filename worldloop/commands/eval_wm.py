@@ -24,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-model", required=True, help="world-model folder (train-wm --out)")
     parser.add_argument("--dataset", required=True, help="LeRobot v3 dataset folder (its held-out split is used)")
     parser.add_argument("--out", required=True, help="folder for metrics.json and videos")
+    parser.add_argument("--held-out-fraction", type=float, default=None,
+                        help="share of each task's episodes to measure on (default: the split train-wm held out; "
+                             "0.5 or 0.99 for a dataset the model never trained on)")
     parser.add_argument("--counterfactual", action="store_true",
                         help="also drive the simulator (sim.*) with the swapped actions from each episode's recorded task and seed: "
                              "does the model move the scene the way the simulator does? (metrics.json's counterfactual)")
@@ -39,7 +42,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
     save_config(config, args.out)
     wm_config = config.world_model
-    _, held_out, dataset = load_split(args.dataset, wm_config.held_out_fraction, config.seed)
+    _, held_out, dataset = load_split(args.dataset, config.seed, args.held_out_fraction)
     model = load_world_model(args.world_model, config, args.overrides, resolve_device(config.device))
     metrics = evaluate_world_model(model, held_out[: wm_config.eval_episodes], wm_config.eval_horizons, args.out, fps=int(dataset.fps), seed=config.seed,
                                    sim_config=config.sim if args.counterfactual else None)

@@ -48,6 +48,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
 def failed_rollout_items(policy_path: str, dataset, config: Config) -> list:
     from worldloop.policies import load_policy
+    from worldloop.rl.evaluate import EVAL_SEED_OFFSET
     from worldloop.rl.kir import FAILURE_STRIDE, LEAD_FRAMES, MAX_PER_EPISODE, policy_failure_keyframes
     from worldloop.rl.rollout import check_compatible
     from worldloop.sims import make_env
@@ -63,9 +64,9 @@ def failed_rollout_items(policy_path: str, dataset, config: Config) -> list:
     try:
         check_compatible(policy, env, "simulator")
         # Seeds below the evaluation seeds and apart from collection's low seeds.
-        seeds = [config.eval.seed_offset // 2 + 1000 * t + e for t in range(len(tasks)) for e in range(episodes)]
+        seeds = [EVAL_SEED_OFFSET // 2 + 1000 * t + e for t in range(len(tasks)) for e in range(episodes)]
         return list(
-            policy_failure_keyframes(policy, env, tasks, episodes, seeds, LEAD_FRAMES, FAILURE_STRIDE, MAX_PER_EPISODE, config.eval.temperature, config.eval.greedy)
+            policy_failure_keyframes(policy, env, tasks, episodes, seeds, LEAD_FRAMES, FAILURE_STRIDE, MAX_PER_EPISODE, 1.0, config.eval.greedy)
         )
     finally:
         env.close()

@@ -41,54 +41,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, config: Config) -> int:
     check_arguments(args, config.rl)
-    from pathlib import Path
-
     import torch
 
     from worldloop.commands.shared import load_world_model
     from worldloop.config import save_config
-    from worldloop.data.dataset import TrajectoryDataset
-    from worldloop.diagnostics.monitor import train_watched
-    from worldloop.diagnostics.reality import instruction_of, load_rl_judge, rl_checks, shared_checks, training_env
+    from worldloop.diagnostics.monitor import run_rl
     from worldloop.policies import EXPERT, load_policy
-    from worldloop.policies.modeling_vla import with_value_head
-    from worldloop.rl.refine import world_model_refiner
     from worldloop.rl.summary import results_table
     from worldloop.utils import distributed
     from worldloop.utils.device import resolve_device
 
-    rl, imagined = config.rl, args.env == "imagined"
     torch.manual_seed(config.seed)
     device = resolve_device(config.device)
     policy = load_policy(args.policy, device)
     if policy == EXPERT:
         raise ConfigError("--policy expert cannot be trained; give a policy folder")
-    policy = with_value_head(policy) if rl.algorithm == "ppo" else policy
-    main, num_envs = distributed.is_main(), distributed.share(rl.num_groups, "rl.num_groups") * rl.group_size  # this rank's envs
-    if main:
+    if distributed.is_main():
         save_config(config, args.out)
-    closers = []
-    try:
-        world_model = load_world_model(args.world_model, config, args.overrides, device) if args.world_model else None
-        judge = load_rl_judge(args.judge, device, config) if args.judge else None
-        dataset = TrajectoryDataset(args.dataset) if args.dataset else None
-        chosen = args.tasks.split(",") if args.tasks else None
-        env, tasks, sim_tasks = training_env(config, imagined, world_model, judge, dataset, args.keyframes, chosen, device, num_envs)
-        closers.append(env)
-        check, calibration, kept = shared_checks(  # under torchrun, rank 0 checks and calibrates; every rank judges alike
-            lambda: rl_checks(config, policy, world_model, judge, dataset, device, closers, sim_tasks, Path(args.out), args.keyframes), judge, sim_tasks)
-        if kept != sim_tasks:  # rl.train_tasks=tracked
-            sim_tasks, tasks = kept, [instruction_of(task) for task in kept]
-        refiner = None
-        if imagined and rl.refine_every > 0:
-            refiner = world_model_refiner(config, world_model, dataset, sim_tasks, args.out, calibration)
-            closers.append(refiner.real_env)
-        results = train_watched(policy, env, rl, args.out, seed=config.seed, tasks=tasks, reality_check=check, refiner=refiner,
-                                progress_bar=not args.no_progress, training_task_of=instruction_of if imagined else None)  # fmt: skip
-    finally:
-        for env in closers:
-            env.close()
-    if not main:
+    world_model = load_world_model(args.world_model, config, args.overrides, device) if args.world_model else None
+    results = run_rl(config, policy, args.out, args.env == "imagined", world_model, args.judge, args.dataset, args.keyframes,
+                     args.tasks.split(",") if args.tasks else None, progress_bar=not args.no_progress, device=device)  # fmt: skip
+    if results is None:  # not the main rank
         return 0
     print(results_table(results["evaluations"], results["history"]), end="")
     print(f"final policy: {args.out}/policy; curves: tensorboard --logdir {args.out}/tb")

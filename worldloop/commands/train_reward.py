@@ -30,13 +30,13 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from worldloop.config import save_config
     from worldloop.data.dataset import TrajectoryDataset, split_episodes
     from worldloop.rewards.labels import LabelledFrames, labelled_frames
-    from worldloop.rewards.train import train_classifier
+    from worldloop.rewards.train import HELD_OUT_FRACTION, train_classifier
     from worldloop.utils import distributed
     from worldloop.utils.device import resolve_device
 
     settings = config.reward.training
     datasets = [TrajectoryDataset(folder) for folder in args.dataset]
-    splits = [split_episodes(dataset, settings.held_out_fraction, seed=config.seed) for dataset in datasets]
+    splits = [split_episodes(dataset, HELD_OUT_FRACTION, seed=config.seed) for dataset in datasets]
     held_out_ids = [i for _, held in splits for i in held]
     if distributed.is_main():
         save_config(config, args.out)

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
     if distributed.is_main():
         save_config(config, args.out)
-    train, held_out, _ = load_split(args.dataset, config.vae.held_out_fraction, config.seed)
+    train, held_out, _ = load_split(args.dataset, config.seed)
     metrics = train_vae(config.vae, train, held_out, args.out, resolve_device(config.device), config.seed)
     if distributed.is_main():
         print(json.dumps(metrics, indent=2))

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
     if distributed.is_main():
         save_config(config, args.out)
-    train = [episode for folder in args.dataset for episode in load_split(folder, config.world_model.held_out_fraction, config.seed)[0]]
+    train = [episode for folder in args.dataset for episode in load_split(folder, config.seed)[0]]
     vae = load_vae(args.vae)
     key = {"dataset": [str(Path(folder).resolve()) for folder in args.dataset], "vae": str(Path(args.vae).resolve()), "init": args.init}
     device = resolve_device(config.device)

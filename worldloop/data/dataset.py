@@ -314,7 +314,12 @@ def _decode_into_cache(job: tuple[Path, str, Path, list[int]]) -> None:
         dataset.frames(i)
 
 
-def split_episodes(ds: TrajectoryDataset, held_out_fraction: float = 0.1, seed: int = 0) -> tuple[list[int], list[int]]:
+HELD_OUT_FRACTION = 0.1
+"""Share of each task's episodes that training keeps out for its held-out metrics: SFT, the VAE and the world model split
+a dataset alike (same seed, same split), so eval-wm measures on episodes neither model saw."""
+
+
+def split_episodes(ds: TrajectoryDataset, held_out_fraction: float = HELD_OUT_FRACTION, seed: int = 0) -> tuple[list[int], list[int]]:
     """Split episode positions into (train, held_out), per task, reproducibly.
 
     Each task keeps round(fraction * n) of its n episodes held out, at least one when the fraction is

@@ -254,3 +254,43 @@ def train_watched(policy: Any, env: Any, rl: RLConfig, out: str | Path, seed: in
     """:func:`worldloop.rl.trainer.train` watched by a :class:`RunMonitor` over ``reality_check``: what ``worldloop rl`` runs."""
     monitor = RunMonitor(rl, out, reality_check, training_task_of, console)
     return train(policy, env, rl, out, seed=seed, tasks=tasks, monitor=monitor, refiner=refiner, console=console, progress_bar=progress_bar)
+
+
+def run_rl(config: Any, policy: Any, out: str | Path, imagined: bool, world_model: Any = None, judge: str | None = None,
+           dataset: str | None = None, keyframes: str | None = None, tasks: list[str] | None = None, progress_bar: bool = True,
+           device: Any = "cpu") -> dict[str, Any] | None:  # fmt: skip
+    """What ``worldloop rl`` runs once its inputs are loaded: the training environment (imagined in ``world_model``,
+    judged by the ``judge`` folder or topreward:PATH, from ``dataset``'s first frames and the ``keyframes``; or the real
+    simulator), the reality checks and the judge's calibration (rank 0 under torchrun), the tasks imagination tracks
+    (rl.train_tasks), the world model's refinement rounds (rl.refine_every), then :func:`train_watched`. Closes every
+    environment it opens; returns the results on rank 0, None on the others."""
+    from worldloop.data.dataset import TrajectoryDataset
+    from worldloop.diagnostics.reality import instruction_of, load_rl_judge, rl_checks, shared_checks, training_env
+    from worldloop.policies.modeling_vla import with_value_head
+    from worldloop.rl.refine import world_model_refiner
+    from worldloop.utils import distributed
+
+    rl = config.rl
+    policy = with_value_head(policy) if rl.algorithm == "ppo" else policy
+    num_envs = distributed.share(rl.num_groups, "rl.num_groups") * rl.group_size  # this rank's environments
+    closers = []
+    try:
+        judge_model = load_rl_judge(judge, device, config) if judge else None
+        episodes = TrajectoryDataset(dataset) if dataset else None
+        env, instructions, sim_tasks = training_env(config, imagined, world_model, judge_model, episodes, keyframes, tasks, device, num_envs)
+        closers.append(env)
+        check, calibration, kept = shared_checks(  # under torchrun, rank 0 checks and calibrates; every rank judges alike
+            lambda: rl_checks(config, policy, world_model, judge_model, episodes, device, closers, sim_tasks, Path(out), keyframes),
+            judge_model, sim_tasks)  # fmt: skip
+        if kept != sim_tasks:  # rl.train_tasks=tracked
+            sim_tasks, instructions = kept, [instruction_of(task) for task in kept]
+        refiner = None
+        if imagined and rl.refine_every > 0:
+            refiner = world_model_refiner(config, world_model, episodes, sim_tasks, out, calibration)
+            closers.append(refiner.real_env)
+        results = train_watched(policy, env, rl, out, seed=config.seed, tasks=instructions, reality_check=check, refiner=refiner,
+                                progress_bar=progress_bar, training_task_of=instruction_of if imagined else None)  # fmt: skip
+    finally:
+        for opened in closers:
+            opened.close()
+    return results if distributed.is_main() else None

@@ -72,7 +72,7 @@ def reality_check(config: Config, tasks: list[str], world_model, judge, dataset,
     keyframe_env = None
     if keyframes and gap_env is not None:
         keyframe_env = imagined_env(config, world_model, judge, dataset, keyframes, count, 1, gap_env.max_steps, device, kir_ratio=1.0)
-    seeds = [eval_seed(task, first_episode + e, config.eval.seed_offset) for task in tasks for e in range(per_task)]
+    seeds = [eval_seed(task, first_episode + e) for task in tasks for e in range(per_task)]
     return RealityCheck(real_env, tasks, per_task, gap_env, seeds, keyframe_env, CheckOptions.from_config(config, video_dir))
 
 
@@ -277,7 +277,7 @@ class CheckOptions:
     """How a :class:`RealityCheck` runs the policy, what it writes and what it measures beyond real against imagined."""
 
     temperature: float = 1.0
-    """The policy's sampling temperature (ignored when greedy), as in the eval verb (eval.temperature)."""
+    """The policy's sampling temperature (ignored when greedy), as the eval verb samples by default."""
     greedy: bool = False
     """Take the most likely action token (eval.greedy)."""
     video_dir: Path | None = None
@@ -293,7 +293,7 @@ class CheckOptions:
     def from_config(cls, config: Config, video_dir: str | Path | None = None) -> CheckOptions:
         """As the eval verb samples (eval.*) and rl.diagnostics asks; videos (eval.videos_per_task) when ``video_dir`` is given."""
         d = config.rl.diagnostics
-        return cls(config.eval.temperature, config.eval.greedy, None if video_dir is None else Path(video_dir),
+        return cls(1.0, config.eval.greedy, None if video_dir is None else Path(video_dir),
                    config.eval.videos_per_task if video_dir is not None else 0, d.imagined_actions_in_reality, d.imagination_repeat)  # fmt: skip
 
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from worldloop.policies.modeling_vla import CompactVLA
 from worldloop.policies.sft import _autocast
-from worldloop.policies.tokenizer import ActionTokenizer
+from worldloop.policies.tokenizer import NUM_BINS, ActionTokenizer
 from worldloop.utils.device import resolve_device
 from worldloop.utils.io import atomic_write_text
 from worldloop.utils.timing import seconds_per_call
@@ -26,7 +26,7 @@ def bench_policy(args, config) -> int:
     device = resolve_device(config.device)
     size = config.sim.image_size
     torch.manual_seed(0)
-    tokenizer = ActionTokenizer.fit(torch.rand(256, ACTION_DIM) * 2 - 1, num_bins=config.policy.num_bins)
+    tokenizer = ActionTokenizer.fit(torch.rand(256, ACTION_DIM) * 2 - 1)
     policy = CompactVLA(config.policy, ACTION_DIM, size, tokenizer)
     texts = [instruction(t) for t in resolve_tasks(config.sim)]
     policy.add_instructions(texts)
@@ -53,7 +53,7 @@ def bench_policy(args, config) -> int:
     policy.train()
     batch = config.sft.batch_size
     images, batch_texts = frames(batch), [texts[i % len(texts)] for i in range(batch)]
-    target = torch.randint(0, config.policy.num_bins, (batch, policy.chunk_size, ACTION_DIM), device=device)
+    target = torch.randint(0, NUM_BINS, (batch, policy.chunk_size, ACTION_DIM), device=device)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-5)
 
     def sft_step():

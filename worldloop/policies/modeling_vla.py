@@ -27,7 +27,7 @@ from torch import nn
 
 from worldloop.policies.configuration import PolicyConfig
 from worldloop.policies.protocol import ActOutput, PolicyEvaluation
-from worldloop.policies.tokenizer import NORM_STATS_NAME, ActionTokenizer
+from worldloop.policies.tokenizer import NORM_STATS_NAME, NUM_BINS, ActionTokenizer
 
 KIND = "compact_vla"
 """The ``kind`` entry of a CompactVLA's config.json."""
@@ -153,7 +153,7 @@ class CompactVLA(nn.Module):
         self.instruction_to_queries = nn.Linear(text_dim, width)
         self.blocks = nn.ModuleList(Block(width, config.heads, MLP_RATIO) for _ in range(config.depth))
         self.norm = nn.LayerNorm(width)
-        self.action_head = nn.Linear(width, config.num_bins)
+        self.action_head = nn.Linear(width, NUM_BINS)
         self.value_query = nn.Parameter(torch.randn(1, 1, width) * 0.02) if config.value_head else None
         self.value_head = nn.Linear(width, 1) if config.value_head else None
 
@@ -328,10 +328,10 @@ class CompactVLA(nn.Module):
         return self.tokenizer
 
     def _check_tokenizer(self, tokenizer: ActionTokenizer) -> None:
-        if tokenizer.action_dim != self.action_dim or tokenizer.num_bins != self.config.num_bins:
+        if tokenizer.action_dim != self.action_dim or tokenizer.num_bins != NUM_BINS:
             raise ValueError(
                 f"norm stats are for {tokenizer.action_dim} dims x {tokenizer.num_bins} bins; "
-                f"the policy has {self.action_dim} dims x {self.config.num_bins} bins"
+                f"the policy has {self.action_dim} dims x {NUM_BINS} bins"
             )
 
     def _load_vision_weights(self, path: str) -> None:

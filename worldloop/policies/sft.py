@@ -40,6 +40,8 @@ WEIGHT_DECAY = 0.01
 """AdamW weight decay of fine-tuning."""
 GRAD_CLIP = 1.0
 """Gradient-norm clip of fine-tuning."""
+AUGMENT_SHIFT = 4
+"""Random shift augmentation of every training frame: pad by this many pixels (edge replicate), crop back at random."""
 
 
 class EpisodeLike(Protocol):
@@ -214,7 +216,7 @@ def fit_policy(
     held_out_total = 0 if held_out is None else len(held_out)
     if held_out is not None:  # the fixed, evenly spaced subset every evaluation scores
         held_out = held_out.subset(evenly_spaced(len(held_out), sft.held_out_samples))
-    tokenizer = ActionTokenizer.fit(train.chunks[:, 0], num_bins=config.policy.num_bins)
+    tokenizer = ActionTokenizer.fit(train.chunks[:, 0])
     if tuple(train.frames.shape[1:]) != (image_size, image_size, 3) or train.chunks.shape[-1] != action_dim:
         raise ValueError(f"episodes have frames {tuple(train.frames.shape[1:])} and {train.chunks.shape[-1]}-d actions; expected {image_size}x{image_size} and {action_dim}")
     if world_model is not None:  # reconstructions made once, before training: a step never waits for the VAE
@@ -260,8 +262,7 @@ def fit_policy(
         images = train.frames[index.to(device)]
         if sft.augment_codec:
             images = random_reconstructed(images, train.reconstructed[index.to(device)], sft.augment_codec, sampler)
-        if sft.augment_shift:
-            images = random_shift(images, sft.augment_shift, sampler)
+        images = random_shift(images, AUGMENT_SHIFT, sampler)
         index = index[mine]
         batch_instructions = [instructions[i] for i in train.instruction_ids[index.to(device)].tolist()]
         with _autocast(device):
@@ -353,7 +354,7 @@ def train_sft(
 
     per_task = config.sft.episodes_per_task if episodes_per_task is None else episodes_per_task
     ds = TrajectoryDataset(dataset)
-    train_ids, held_ids = split_episodes(ds, held_out_fraction=config.sft.held_out_fraction, seed=config.seed)
+    train_ids, held_ids = split_episodes(ds, seed=config.seed)
     summaries = [episode_summary(ds, i) for i in train_ids]
     chosen = select_episodes(summaries, per_task)
     from worldloop.utils import distributed

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from worldloop.policies.configuration_openvla_oft import ActionStatistics
-from worldloop.policies.sft import GRAD_CLIP, WEIGHT_DECAY, _autocast, build_samples, episode_summary, publish_model, random_shift, select_episodes, warmup_cosine
+from worldloop.policies.sft import AUGMENT_SHIFT, GRAD_CLIP, WEIGHT_DECAY, _autocast, build_samples, episode_summary, publish_model, random_shift, select_episodes, warmup_cosine
 
 
 def dataset_statistics(chunks: torch.Tensor, suite: str, percentiles: tuple[float, float] = (1.0, 99.0)) -> ActionStatistics:
@@ -51,7 +51,7 @@ def finetune_openvla_oft(config, policy_spec: str, dataset: str | Path, out: str
     ds = TrajectoryDataset(dataset)
     if ds.image_size != policy.image_size:
         raise ValueError(f"{dataset} has {ds.image_size}x{ds.image_size} frames; the policy takes {policy.image_size} (worldloop.frame_size in its config.json)")
-    train_ids, held_ids = split_episodes(ds, held_out_fraction=sft.held_out_fraction, seed=config.seed)
+    train_ids, held_ids = split_episodes(ds, seed=config.seed)
     per_task = sft.episodes_per_task if episodes_per_task is None else episodes_per_task
     chosen = select_episodes([episode_summary(ds, i) for i in train_ids], per_task)
     train = build_samples((ds.episode(i) for i in chosen), policy.chunk_size, list(ds.tasks))
@@ -70,8 +70,7 @@ def finetune_openvla_oft(config, policy_spec: str, dataset: str | Path, out: str
     for step in tqdm(range(sft.steps), desc="sft", dynamic_ncols=True, disable=None):
         index = torch.randint(len(train), (sft.batch_size,), generator=sampler)
         images = train.frames[index]
-        if sft.augment_shift:
-            images = random_shift(images, sft.augment_shift, sampler)
+        images = random_shift(images, AUGMENT_SHIFT, sampler)
         texts = [train.instructions[i] for i in train.instruction_ids[index].tolist()]
         with _autocast(device):
             losses = policy.sft_loss(images, texts, train.chunks[index])

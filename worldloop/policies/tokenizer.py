@@ -20,8 +20,12 @@ MIN_RANGE = 1e-6
 """A dimension whose low and high percentiles coincide (a constant action) gets this range."""
 
 
+NUM_BINS = 256
+"""Action tokens per dimension: uniform bins over the normalised range [-1, 1] (OpenVLA's 256)."""
+
+
 class ActionTokenizer:
-    def __init__(self, low: torch.Tensor | list[float], high: torch.Tensor | list[float], num_bins: int = 256):
+    def __init__(self, low: torch.Tensor | list[float], high: torch.Tensor | list[float], num_bins: int = NUM_BINS):
         low = torch.as_tensor(low, dtype=torch.float32).flatten()
         high = torch.as_tensor(high, dtype=torch.float32).flatten()
         if low.shape != high.shape or low.numel() == 0:
@@ -37,7 +41,7 @@ class ActionTokenizer:
         return self.low.numel()
 
     @classmethod
-    def fit(cls, actions: torch.Tensor | np.ndarray, percentiles: tuple[float, float] | list[float] = (1.0, 99.0), num_bins: int = 256) -> ActionTokenizer:
+    def fit(cls, actions: torch.Tensor | np.ndarray, percentiles: tuple[float, float] | list[float] = (1.0, 99.0), num_bins: int = NUM_BINS) -> ActionTokenizer:
         """Statistics from ``actions`` (N, A): the given low/high percentiles of each dimension."""
         actions = np.asarray(torch.as_tensor(actions, dtype=torch.float32).cpu())
         if actions.ndim != 2 or len(actions) == 0:

@@ -43,7 +43,7 @@ def _emit(rows: list[dict], row: dict) -> None:
 def bench_classifier(device: torch.device, image_size: int, input_size: int, batches: list[int], repeats: int) -> list[dict]:
     from worldloop.rewards.classifier import SuccessClassifier
 
-    judge = SuccessClassifier(["task"], "task", input_size=input_size).to(device).eval()
+    judge = SuccessClassifier(["task"], input_size=input_size).to(device).eval()
     rows = []
     for batch in batches:
         windows = torch.randint(0, 256, (batch, 1, image_size, image_size, 3), dtype=torch.uint8, device=device)

@@ -1,8 +1,8 @@
-"""ResNet-18 success classifier: one frame (+ optionally its task) -> P(success).
+"""ResNet-18 success classifier: one frame and its task -> P(success).
 
 The seeds train a ResNet-18 on single simulator frames with binary cross-entropy on the
 simulator's success labels and round its output. Where several tasks share one scene, the image
-alone cannot say which goal counts, so the ``task`` conditioning modulates the pooled image
+alone cannot say which goal counts, so the task modulates the pooled image
 features with a learned per-instruction scale and shift (FiLM), initialised to the identity.
 
 A saved classifier is a model folder (``config.json`` + ``model.safetensors``): the instruction
@@ -34,25 +34,20 @@ class SuccessClassifier(nn.Module):
 
     window = 1
 
-    def __init__(self, instructions: Sequence[str], conditioning: str = "task", input_size: int = 64, threshold: float = 0.5,
-                 image_size: int | None = None):  # fmt: skip
+    def __init__(self, instructions: Sequence[str], input_size: int = 64, threshold: float = 0.5, image_size: int | None = None):
         super().__init__()
         import torchvision
 
-        if conditioning not in ("none", "task"):
-            raise ValueError(f"conditioning must be 'none' or 'task', got '{conditioning}'")
         self.instructions = list(instructions)
         self.task_index = {text: i for i, text in enumerate(self.instructions)}
-        self.conditioning = conditioning
         self.input_size = int(input_size)
         self.threshold = float(threshold)
         self.task_thresholds: dict[str, float] = {}  # rl.diagnostics.threshold_per_task's, not saved
         self.image_size = image_size  # side of the frames it was trained on (None: unknown, older folders)
         self.backbone = torchvision.models.resnet18(weights=None)
         self.backbone.fc = nn.Identity()
-        if conditioning == "task":
-            self.film = nn.Embedding(max(1, len(self.instructions)), 2 * FEATURES)  # (scale - 1, shift) per task
-            nn.init.zeros_(self.film.weight)
+        self.film = nn.Embedding(max(1, len(self.instructions)), 2 * FEATURES)  # (scale - 1, shift) per task
+        nn.init.zeros_(self.film.weight)
         self.head = nn.Linear(FEATURES, 1)
         self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
@@ -71,8 +66,6 @@ class SuccessClassifier(nn.Module):
 
     def task_ids(self, instructions: Sequence[str]) -> torch.Tensor:
         """Instructions -> (B,) indices into the saved instruction vocabulary."""
-        if self.conditioning == "none":
-            return torch.zeros(len(instructions), dtype=torch.long, device=self.device)
         unknown = sorted({text for text in instructions if text not in self.task_index})
         if unknown:
             raise ValueError(f"success classifier was trained on {len(self.instructions)} instructions; unknown: {unknown[:3]}")
@@ -82,9 +75,8 @@ class SuccessClassifier(nn.Module):
     def forward(self, images: torch.Tensor, task_ids: torch.Tensor) -> torch.Tensor:
         """images (B, 3, s, s) in [0, 1], task_ids (B,) -> success logits (B,)."""
         features = self.backbone((images - self.mean) / self.std)  # (B, 512)
-        if self.conditioning == "task":
-            scale, shift = self.film(task_ids).chunk(2, dim=-1)
-            features = features * (1.0 + scale) + shift
+        scale, shift = self.film(task_ids).chunk(2, dim=-1)
+        features = features * (1.0 + scale) + shift
         return self.head(features).squeeze(-1)
 
     # ---------------------------------------------------------------- judge protocol
@@ -125,7 +117,7 @@ class SuccessClassifier(nn.Module):
         return {
             "kind": KIND,
             "instructions": self.instructions,
-            "conditioning": self.conditioning,
+            "conditioning": "task",
             "input_size": self.input_size,
             "threshold": self.threshold,
             "image_size": self.image_size,
@@ -142,6 +134,9 @@ class SuccessClassifier(nn.Module):
         if not (folder / "config.json").is_file() and (folder / MODEL_SUBFOLDER / "config.json").is_file():
             folder = folder / MODEL_SUBFOLDER
         config = read_model_config(folder, kind=KIND)
-        model = cls(config["instructions"], config["conditioning"], config["input_size"], config["threshold"], config.get("image_size"))
+        if config.get("conditioning", "task") != "task":
+            raise ValueError(f"success classifier {folder}: config.json has conditioning={config['conditioning']!r}; "
+                             "reward.classifier.conditioning was retired and this version only builds 'task' (train the judge again)")
+        model = cls(config["instructions"], config["input_size"], config["threshold"], config.get("image_size"))
         load_weights(folder, model)
         return model.to(device).eval()

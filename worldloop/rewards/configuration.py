@@ -8,12 +8,10 @@ from typing import Literal
 
 @dataclass
 class ClassifierConfig:
-    """ResNet-18 success classifier on single frames: what is saved with it (training: ClassifierTrainingConfig)."""
+    """ResNet-18 success classifier on single frames, FiLM-conditioned on the task: what is saved with it (training: ClassifierTrainingConfig)."""
 
     pretrained_backbone: str = ""
     """Local file of torchvision ResNet-18 weights (.pth state dict or .safetensors) to start from; '' = random init."""
-    conditioning: Literal["none", "task"] = "task"
-    """'task': FiLM the image features with a learned embedding of the instruction (needed where tasks share a scene); 'none': image only."""
     input_size: int = 64
     """Side in pixels the frames are resized to before the network (on the device)."""
     threshold: float = 0.5
@@ -42,12 +40,8 @@ class ClassifierTrainingConfig:
     """Frames per training batch (half success, half failure: class-balanced sampling)."""
     lr: float = 3e-4
     """AdamW learning rate."""
-    held_out_fraction: float = 0.2
-    """Fraction of each task's episodes kept out of training for the metrics in RW/metrics.json."""
     eval_every: int = 100
-    """Steps between held-out evaluations (TensorBoard) and checkpoints."""
-    augment: bool = True
-    """Train on frames degraded like world-model output: blur, colour jitter, noise, small shifts
+    """Steps between held-out evaluations (TensorBoard) and checkpoints; every batch is degraded like world-model output
     (worldloop.rewards.augment.world_model_artefacts)."""
 
     def validate(self) -> None:
@@ -55,8 +49,8 @@ class ClassifierTrainingConfig:
             raise ValueError("training: steps >= 1, batch_size >= 2 and eval_every >= 1 are required")
         if self.threshold_from not in ("fixed", "max_f1", "youden", "episode_kappa"):
             raise ValueError(f"training: threshold_from must be 'fixed', 'max_f1', 'youden' or 'episode_kappa', got {self.threshold_from!r}")
-        if not 0 <= self.held_out_fraction < 1 or self.lr <= 0:
-            raise ValueError("training: 0 <= held_out_fraction < 1 and lr > 0 are required")
+        if self.lr <= 0:
+            raise ValueError(f"training: lr must be > 0, got {self.lr}")
 
 
 @dataclass
@@ -66,14 +60,12 @@ class TOPRewardConfig:
     threshold: float = 0.46
     """exp(score) = P(" True") at or above which a window counts as success (0.46 in the seed, on LIBERO; TOPReward
     publishes none: rl.judge_threshold=replay or calibrate-reward chooses one per suite)."""
-    window: int = 16
-    """Frames per judged window (previous and current chunk); all of them reach the model."""
     max_batch: int = 32
     """Largest number of windows in one forward pass; bigger batches are split (bounds GPU memory)."""
 
     def validate(self) -> None:
-        if not 0 < self.threshold < 1 or self.window < 2 or self.window % 2 or self.max_batch < 1:
-            raise ValueError("topreward: 0 < threshold < 1, an even window >= 2 and max_batch >= 1 are required")
+        if not 0 < self.threshold < 1 or self.max_batch < 1:
+            raise ValueError("topreward: 0 < threshold < 1 and max_batch >= 1 are required")
 
 
 @dataclass
@@ -82,8 +74,6 @@ class CalibrateConfig:
 
     stride: int = 4
     """Frames between consecutive judged windows within an episode (1 = every frame)."""
-    max_episodes: int = 200
-    """Episodes read from the dataset (spread evenly over it)."""
     batch_size: int = 32
     """Windows scored per judge call."""
     threshold_tolerance_se: float = 1.0
@@ -100,8 +90,8 @@ class CalibrateConfig:
     nothing, not even real successes. rl.train_tasks 'tracked' keeps the tasks whose kappa clears it too."""
 
     def validate(self) -> None:
-        if self.stride < 1 or self.max_episodes < 1 or self.batch_size < 1:
-            raise ValueError("calibrate: stride, max_episodes and batch_size must be >= 1")
+        if self.stride < 1 or self.batch_size < 1:
+            raise ValueError("calibrate: stride and batch_size must be >= 1")
         if self.threshold_tolerance_se < 0 or self.threshold_significance_se < 0:
             raise ValueError("calibrate: threshold_tolerance_se and threshold_significance_se must be >= 0")
 

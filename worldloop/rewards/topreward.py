@@ -45,8 +45,12 @@ VIDEO_FPS = 2.0
 """Frame rate the window's timestamps claim in the prompt ('<0.2 seconds>' ...), in frames per second."""
 
 
+WINDOW = 16
+"""Frames per judged window: the previous and the current chunk, all of them shown to the model."""
+
+
 class TOPReward:
-    """Judge with ``window = config.window`` frames, backed by ``Qwen3VLForConditionalGeneration``;
+    """Judge with ``WINDOW`` frames, backed by ``Qwen3VLForConditionalGeneration``;
     ``on_device`` builds its inputs with torch ops on ``device`` (False: the transformers processor)."""
 
     def __init__(self, model: Any, processor: Any, config: TOPRewardConfig, device: torch.device, on_device: bool = True):
@@ -55,7 +59,7 @@ class TOPReward:
         self.model = model
         self.processor = processor
         self.config = config
-        self.window = config.window
+        self.window = WINDOW
         self.threshold = config.threshold
         self.task_thresholds: dict[str, float] = {}
         self.device = device
@@ -64,7 +68,7 @@ class TOPReward:
         self.processor.tokenizer.padding_side = "left"
         self.temporal_patch_size = int(processor.video_processor.temporal_patch_size)
         if self.window % self.temporal_patch_size:
-            raise ValueError(f"topreward.window={self.window} must be a multiple of the video temporal patch size {self.temporal_patch_size}")
+            raise ValueError(f"TOPReward's window of {self.window} frames must be a multiple of the video temporal patch size {self.temporal_patch_size}")
         self.templated = templated_prefix(processor)
         self.video_patches = VideoPatches(processor.video_processor)
         self.prompt_tokens = PromptTokens(processor, self.prompt, self.video_metadata)

@@ -28,6 +28,8 @@ from worldloop.utils.checkpoint import announce_resume, latest_checkpoint, load_
 from worldloop.utils.device import autocast_dtype
 from worldloop.utils.io import atomic_write_json
 
+HELD_OUT_FRACTION = 0.2
+"""Share of each task's episodes that train-reward keeps out for the judge's metrics and its threshold (RW/metrics.json)."""
 WEIGHT_DECAY = 1e-4
 """AdamW weight decay of the classifier's training."""
 
@@ -113,7 +115,7 @@ def train_classifier(
     torch.manual_seed(seed)
     config, architecture = reward.training, reward.classifier
     main, mine = distributed.is_main(), distributed.rows(config.batch_size, "reward.training.batch_size")
-    model = SuccessClassifier(train.instructions, architecture.conditioning, architecture.input_size, architecture.threshold, int(train.frames.shape[1]))
+    model = SuccessClassifier(train.instructions, architecture.input_size, architecture.threshold, int(train.frames.shape[1]))
     if architecture.pretrained_backbone:
         model.load_backbone(architecture.pretrained_backbone)
     model.to(device)
@@ -136,8 +138,7 @@ def train_classifier(
         model.train()
         index = balanced_batch(positives, negatives, config.batch_size)  # the global batch; this rank trains on ``mine``
         images = model.prepare(data.frames[index])
-        if config.augment:
-            images = world_model_artefacts(images)
+        images = world_model_artefacts(images)  # frames degraded like world-model output
         index, images = index[mine], images[mine]
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             logits = model(images, data.task[index])
@@ -170,7 +171,6 @@ def train_classifier(
         "steps": step,
         "threshold": model.threshold,
         "threshold_chosen_on": chosen_on,
-        "conditioning": model.conditioning,
         "train": evaluate(model, train, verdict_every),
         "held_out": evaluate(model, held_out, verdict_every) if held_out is not None and len(held_out) else None,
         **{name: evaluate(model, frames, verdict_every) for name, frames in (also_evaluate or {}).items()},

@@ -1,8 +1,8 @@
 """Evaluation in the real simulator: success_once per task and overall, with standard errors.
 
-Episode e of task t always starts from simulator seed ``eval.seed_offset + 1000 * global_index(t) + e``
+Episode e of task t always starts from simulator seed ``EVAL_SEED_OFFSET + 1000 * global_index(t) + e``
 (``global_index`` is the task's position in Meta-World's task list, so a task keeps its seeds in any
-suite), disjoint from collection seeds, which stay below 2**31 = the default ``seed_offset``. Episodes run in waves of
+suite), disjoint from collection seeds, which stay below 2**31 = ``EVAL_SEED_OFFSET``. Episodes run in waves of
 ``num_envs`` environments spread over the simulator's worker processes; in each chunk the policy acts
 on every environment in one batched forward. Sampling draws from one generator seeded with
 ``config.seed``, so two runs of the same checkpoint on the CPU give identical numbers.
@@ -29,7 +29,12 @@ from worldloop.policies import EXPERT
 from worldloop.utils.stats import rate_with_stderr
 
 
-def eval_seed(task: str, episode: int, seed_offset: int) -> int:
+EVAL_SEED_OFFSET = 2**31
+"""Episode e of Meta-World task t (its index among all tasks) is evaluated from simulator seed EVAL_SEED_OFFSET + 1000 t + e;
+collection draws its seeds below 2**31, so evaluation stays disjoint from it."""
+
+
+def eval_seed(task: str, episode: int, seed_offset: int = EVAL_SEED_OFFSET) -> int:
     """Meta-World: the scene seed of ``episode``. LIBERO: the index of the task's fixed initial state, ``episode`` itself
     (the standard protocol: episodes 0..49 start from the 50 initial states in order)."""
     from worldloop.sims.tasks import ALL_TASKS, is_libero_task
@@ -39,7 +44,7 @@ def eval_seed(task: str, episode: int, seed_offset: int) -> int:
     return seed_offset + 1000 * ALL_TASKS.index(task) + episode
 
 
-def evaluation_seeds(tasks: Sequence[str], episodes_per_task: int, seed_offset: int) -> list[int]:
+def evaluation_seeds(tasks: Sequence[str], episodes_per_task: int, seed_offset: int = EVAL_SEED_OFFSET) -> list[int]:
     """The initial-state seed of every episode of an evaluation, in its job order (episode-major, tasks interleaved)."""
     return [eval_seed(task, episode, seed_offset) for episode in range(episodes_per_task) for task in tasks]
 
@@ -81,7 +86,7 @@ def evaluate_policy(
     tasks = list(tasks) if tasks else resolve_tasks(config.sim)
     episodes_per_task = episodes_per_task or ev.episodes_per_task
     greedy = ev.greedy if greedy is None else greedy
-    temperature = ev.temperature if temperature is None else temperature
+    temperature = 1.0 if temperature is None else temperature
     videos_per_task = ev.videos_per_task if videos_per_task is None else videos_per_task
     if out is None:
         videos_per_task = 0
@@ -120,7 +125,7 @@ def evaluate_policy(
         for first in range(0, len(jobs), num_envs):
             wave = list(range(first, min(first + num_envs, len(jobs))))
             slots = wave + [wave[-1]] * (num_envs - len(wave))  # a short last wave repeats its last job
-            reset = env.reset([jobs[j][0] for j in slots], [eval_seed(jobs[j][0], jobs[j][1], ev.seed_offset) for j in slots])
+            reset = env.reset([jobs[j][0] for j in slots], [eval_seed(jobs[j][0], jobs[j][1]) for j in slots])
             record = [i for i, j in enumerate(wave) if jobs[j][1] < videos_per_task]
             clips = {i: [reset.frames[i].numpy()] for i in record}
             frames, ever = reset.frames, torch.zeros(num_envs, dtype=torch.bool)
@@ -171,7 +176,7 @@ def evaluate_policy(
         "mean_episode_length": float(lengths.mean()),
         "greedy": bool(greedy) if not is_expert else None,
         "temperature": float(temperature) if not (is_expert or greedy) else None,
-        "seeds": evaluation_seeds(tasks, episodes_per_task, ev.seed_offset),
+        "seeds": evaluation_seeds(tasks, episodes_per_task),
         "per_task": per_task,
         "seconds": seconds,
         "env_steps_per_second": env_steps / max(seconds, 1e-9),
@@ -191,7 +196,7 @@ def paired_eval_change(before: dict[str, Any], after: dict[str, Any]) -> dict[st
 
     if before.get("seeds") != after.get("seeds"):
         raise ValueError("the two evaluations did not start from the same initial states (their seeds differ): evaluate both "
-                         "with the same tasks, episodes per task and eval.seed_offset")  # fmt: skip
+                         "with the same tasks and episodes per task")  # fmt: skip
     if any("per_episode" not in row for result in (before, after) for row in result["per_task"].values()):
         raise ValueError("an evaluation without per-episode outcomes (results.json from before they were kept): evaluate it again")
     per_task = {task: paired_difference([c == "1" for c in before["per_task"][task]["per_episode"]], [c == "1" for c in row["per_episode"]])

@@ -43,6 +43,7 @@ from worldloop.data.dataset import split_episodes
 from worldloop.envs.protocol import EnvReset, VecEnv
 from worldloop.rewards.configuration import CalibrateConfig
 from worldloop.rl.configuration import RLConfig
+from worldloop.rl.evaluate import EVAL_SEED_OFFSET
 from worldloop.rl.rollout import Rollout, apply_calibration, collect
 from worldloop.sims import make_env
 from worldloop.sims.tasks import instruction
@@ -101,7 +102,7 @@ class WorldModelRefiner:
         world_model_config: WorldModelConfig,
         out: str | Path,
         seed: int = 0,
-        seed_offset: int = 2**31,
+        seed_offset: int = EVAL_SEED_OFFSET,
         calibrate: CalibrateConfig | None = None,
         lr: float = REFINE_LR,
         ema_decay: float = REFINE_EMA_DECAY,
@@ -115,12 +116,8 @@ class WorldModelRefiner:
         self.calibrate = calibrate or CalibrateConfig()  # reward.calibrate: how a recalibration chooses the judge's threshold
         self.dataset_episodes = dataset_episodes  # read at the first round (not at start-up), then released
         self.out, self.seed, self.seed_offset = Path(out) / REFINE, seed, seed_offset
-        # the clips as the world model was trained on them (its chunk, memory and anchoring travel with it)
-        spec = world_model.spec
-        # and its action dropout, so that the "no action" condition that action guidance samples against keeps up
-        self.clip_config = dataclasses.replace(world_model_config, chunk_size=int(spec["chunk_size"]), memory_frames=int(spec["memory_frames"]),
-                                               reference_frame=bool(spec["reference_frame"]),
-                                               action_dropout=float(spec.get("action_dropout", 0.0)))  # fmt: skip
+        # the clips as the world model was trained on them (its chunk travels with it)
+        self.clip_config = dataclasses.replace(world_model_config, chunk_size=int(world_model.spec["chunk_size"]))
         self.device, self.ema_decay = world_model.device, ema_decay
         self.master = copy.deepcopy(world_model.dit).float().eval()
         self.ema = copy.deepcopy(self.master).requires_grad_(False)  # what the imagined environment samples from
@@ -213,7 +210,7 @@ class WorldModelRefiner:
         return rollout_episodes(first, rollout), float(rollout.success_once.float().mean())
 
     def _train(self, generator: torch.Generator) -> float:
-        from worldloop.worldmodel.train import action_drops, ema_step, flow_matching_loss
+        from worldloop.worldmodel.train import ema_step, flow_matching_loss
 
         pools = [self._on_device(self.rounds)] + ([self.known] if self.known is not None else [])
         batch = self.clip_config.batch_size
@@ -224,8 +221,7 @@ class WorldModelRefiner:
             picks = [torch.randint(len(latents), (size,), generator=generator, device=self.device) for (latents, _), size in zip(pools, sizes)]
             latents = torch.cat([pool[0][index] for pool, index in zip(pools, picks)])
             actions = torch.cat([pool[1][index] for pool, index in zip(pools, picks)])
-            drop = action_drops(self.clip_config, len(latents), generator, self.device)
-            loss = flow_matching_loss(self.master, latents, actions, self.clip_config, generator, drop)
+            loss = flow_matching_loss(self.master, latents, actions, self.clip_config, generator)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.master.parameters(), GRAD_CLIP)
@@ -261,7 +257,7 @@ def world_model_refiner(config: Any, world_model: Any, dataset: Any, tasks: list
     the dataset's training episodes of those tasks (the world model's split) in view. ``config``: the run's Config.
     ``calibration`` (rl.judge_threshold=replay: the RealityCheck that chose the judge's threshold) chooses it again
     in each refined world model, from its labelled episodes."""
-    train_indices, _ = split_episodes(dataset, held_out_fraction=config.world_model.held_out_fraction, seed=config.seed)
+    train_indices, _ = split_episodes(dataset, seed=config.seed)
     wanted = {instruction(task): MAX_DATASET_EPISODES_PER_TASK for task in tasks}
     task_of, chosen = dataset.task_indices, []
     for index in train_indices:
@@ -271,7 +267,7 @@ def world_model_refiner(config: Any, world_model: Any, dataset: Any, tasks: list
             chosen.append(index)
     real_env = make_env(config, len(tasks) * config.rl.refine_episodes_per_task, tasks=tasks)
     refiner = WorldModelRefiner(world_model, real_env, tasks, dataset.episodes(chosen), config.rl, config.world_model, out,
-                                seed=config.seed, seed_offset=config.eval.seed_offset, calibrate=config.reward.calibrate)  # fmt: skip
+                                seed=config.seed, calibrate=config.reward.calibrate)  # fmt: skip
     if calibration is not None and calibration.labelled is not None:
         refiner.judge_check = calibration
     elif calibration is not None:

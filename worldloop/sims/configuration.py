@@ -83,11 +83,6 @@ class ExpertConfig:
 
     action_noise: float = 0.0
     """Std of Gaussian noise added to every expert action of a noisy episode (actions live in [-1, 1])."""
-    noise_hold_steps: int = 1
-    """Steps each noise draw is held for (1: white noise, a new draw every step). Meta-World moves the arm by
-    ~1 cm per unit action and step, so white noise largely averages out within a chunk; noise held for a chunk
-    (8) pushes the arm visibly off the expert's path, where only the actions say where it goes (how much a
-    world model follows its actions: eval-wm --counterfactual)."""
     perturb_prob: float = 0.0
     """Probability that a noisy episode contains one perturbation, after which the expert resumes (it starts between
     steps 10 and 120; half hold the gripper in the wrong state, half are random actions: worldloop.sims.experts)."""
@@ -96,5 +91,3 @@ class ExpertConfig:
     def validate(self) -> None:
         if self.action_noise < 0 or not 0 <= self.perturb_prob <= 1 or self.perturb_steps < 0:
             raise ValueError("action_noise >= 0, 0 <= perturb_prob <= 1 and perturb_steps >= 0 are required")
-        if self.noise_hold_steps < 1:
-            raise ValueError(f"noise_hold_steps must be >= 1 (1: white noise), got {self.noise_hold_steps}")

@@ -2,7 +2,7 @@
 
 A clean expert solves almost every MT10 episode. Datasets for a world model and a success judge
 also need failures and near-misses, so a *noisy* episode adds Gaussian action noise (a new draw every
-step, or held for ``noise_hold_steps``: a push the arm visibly follows) and, with
+step) and, with
 some probability, one perturbation: either a burst of uniform random actions or a stretch in
 which the gripper is held in the wrong state (open when the expert closes it, and the reverse)
 while the arm follows the expert. After the perturbation the expert resumes from wherever the
@@ -30,8 +30,6 @@ class ExpertPlan:
 
     noise_std: float = 0.0
     """Std of the Gaussian noise added to every action."""
-    noise_hold_steps: int = 1
-    """Steps each noise draw is held for (1: a new draw every step)."""
     perturb_start: int = -1
     """Step (0-based action index) at which the perturbation starts; -1: no perturbation."""
     perturb_length: int = 0
@@ -65,7 +63,7 @@ def plan_episode(expert_config, noisy: bool, seed: int, perturb_start: tuple[int
         start = int(rng.integers(perturb_start[0], perturb_start[1] + 1))
         length = expert_config.perturb_steps
         kind = "gripper" if rng.random() < GRIPPER_PERTURB_FRACTION else "random"
-    return ExpertPlan(noise_std=expert_config.action_noise, noise_hold_steps=expert_config.noise_hold_steps, perturb_start=start,
+    return ExpertPlan(noise_std=expert_config.action_noise, perturb_start=start,
                       perturb_length=length, perturb_kind=kind, seed=seed)
 
 
@@ -83,7 +81,6 @@ class ScriptedExpert:
         self.policy = policy
         self.plan = plan
         self.rng = np.random.default_rng([plan.seed, 104729])
-        self.noise: np.ndarray | None = None  # the draw being held
 
     def act(self, observation: np.ndarray, step: int) -> np.ndarray:
         """The float32 action in [-1, 1] (Meta-World: (4,)) for ``observation`` (Meta-World: 39-d) at episode step ``step``."""
@@ -96,7 +93,5 @@ class ScriptedExpert:
             if perturbing:  # plan.perturb_kind == "gripper": hold the gripper in the wrong state
                 action[-1] = -1.0 if action[-1] > 0 else 1.0
             if plan.noise_std > 0:
-                if self.noise is None or step % plan.noise_hold_steps == 0:
-                    self.noise = self.rng.normal(0.0, plan.noise_std, size=action.shape)
-                action = action + self.noise
+                action = action + self.rng.normal(0.0, plan.noise_std, size=action.shape)
         return np.clip(action, -1.0, 1.0).astype(np.float32)

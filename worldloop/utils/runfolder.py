@@ -135,15 +135,17 @@ def config_value(config: Any, dotted: str) -> Any:
     return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
 
 
-def differences(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+def differences(before: dict[str, Any], now: dict[str, Any], retired: Any = None) -> list[str]:
     """'key: old there, new now' for every setting that differs, keys as a user writes them
-    ('sft.lr', '--dataset')."""
+    ('sft.lr', '--dataset'). ``retired(key, value)``: whether a key recorded there and gone now held the value this
+    version always uses (worldloop.config.retired_as_fixed, which the caller passes); such a key is no difference."""
     old, new = _flatten(before), _flatten(now)
     missing = object()
     return [
         f"{key}: {_show(old.get(key, missing))} there, {_show(new.get(key, missing))} now"
         for key in sorted(old.keys() | new.keys())
         if old.get(key, missing) != new.get(key, missing)
+        and not (key not in new and retired is not None and retired(key, old[key]))
     ]
 
 
@@ -186,10 +188,13 @@ class RunClaim:
     own record (the verb failed before writing) removes that record again."""
 
     def __init__(self, out: str | Path, verb: str, spec: RunSpec, config: Any, options: dict[str, Any], overwrite: bool = False,
-                 read_config: Any = None):  # fmt: skip
+                 read_config: Any = None, retired: Any = None):  # fmt: skip
         """``read_config(path)``: the configuration a ``config.yaml`` holds (worldloop.config.load_saved_config, which
-        the caller passes: this layer does not import the config schema), for folders written before run.json."""
+        the caller passes: this layer does not import the config schema), for folders written before run.json;
+        ``retired(key, value)``: whether a setting recorded there is a retired key at its now fixed value
+        (worldloop.config.retired_as_fixed)."""
         self.out, self.verb, self.spec, self.overwrite, self.read_config = Path(out), verb, spec, overwrite, read_config
+        self.retired = retired
         self.settings = run_settings(spec, config, options)
         self.lock = FolderLock(self.out)
         self.finished = False
@@ -239,7 +244,7 @@ class RunClaim:
         if record is not None and record.get("verb") not in (None, self.verb):
             problem = f"holds a `worldloop {record.get('verb')}` run, not a `worldloop {self.verb}` run"
         elif saved is not None:
-            changed = differences(saved, self.settings)
+            changed = differences(saved, self.settings, self.retired)
             shown = "; ".join(changed[:8]) + (f"; and {len(changed) - 8} more" if len(changed) > 8 else "")
             problem = f"holds a `worldloop {self.verb}` run made with other settings ({shown})" if changed else None
         else:

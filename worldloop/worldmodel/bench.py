@@ -3,8 +3,7 @@
 For every size in ``--models`` (at its own resolution: tiny 64, small 128,
 wan2.2-5b 256 with the Wan2.2 VAE) and batch size in ``--batch-sizes``: one
 ``WorldModel.step`` = the DiT sampler (``sampling_steps`` batched forwards) + decoding the new frames
-(as ``world_model.decode`` says), timed after warm-up; with ``world_model.action_guidance`` != 1 (and
-``world_model.action_dropout`` > 0, which builds the "no action" condition) each DiT call holds twice the batch. Also reported: the DiT part alone, the decode of the new
+(as ``world_model.decode`` says), timed after warm-up. Also reported: the DiT part alone, the decode of the new
 latents with the cache vs decoding [context + new] from scratch, new frames/s and model FLOP
 utilisation of the DiT (matmul FLOPs / time / the device's dense bf16 peak; the VAE's FLOPs are not
 counted, so MFU of the whole step is a lower bound).
@@ -58,8 +57,7 @@ def measure(model, size: str, batch: int, device: torch.device, repeats: int = 3
     context = model.context
     noise = torch.randn(context.shape[0], context.shape[1], 2, *context.shape[3:], device=device)
     all_actions = torch.randn(batch, 13, 4, device=device)
-    guidance = model.action_guidance  # != 1: every DiT call holds the batch twice, with and without the actions
-    dit_s = seconds_per_call(lambda: sample_future(model.dit, context, all_actions, noise, model.sigmas, guidance=guidance), device, repeats)
+    dit_s = seconds_per_call(lambda: sample_future(model.dit, context, all_actions, noise, model.sigmas), device, repeats)
     new = noise
 
     model.decoder.reset()
@@ -79,12 +77,11 @@ def measure(model, size: str, batch: int, device: torch.device, repeats: int = 3
     cached_s = seconds_per_call(decode_new, device, repeats)
     full_s = seconds_per_call(decode_full, device, repeats)
     tokens = 4 * (context.shape[3] // 2) * (context.shape[4] // 2)
-    dit_rows = batch if guidance == 1.0 else 2 * batch
-    flops = model.sampling_steps * dit_flops_per_forward(size, dit_rows, tokens)
+    flops = model.sampling_steps * dit_flops_per_forward(size, batch, tokens)
     peak = peak_flops(device)
     frames = batch * model.chunk_size
     row = {
-        "size": size, "image": image, "batch": batch, "tokens": tokens, "action_guidance": guidance, "dit_rows": dit_rows,
+        "size": size, "image": image, "batch": batch, "tokens": tokens,
         "step_ms": 1e3 * step_s, "dit_ms": 1e3 * dit_s, "decode_cached_ms": 1e3 * cached_s, "decode_full_ms": 1e3 * full_s,
         "frames_per_s": frames / step_s, "dit_only_frames_per_s": frames / dit_s,
         "dit_tflops": flops / dit_s / 1e12, "dit_mfu": (flops / dit_s / peak) if peak else None,

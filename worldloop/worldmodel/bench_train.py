@@ -11,7 +11,7 @@ GPU was busy (``gpu_busy``; low: the host, launching kernels, is the limit), and
 over the step time and the device's dense bf16 peak. Settings: no self-forcing, and
 self-forcing at ``world_model.self_forcing`` (0.5 when the preset has none) from the first step: that
 share of the clips gets its memory latent from no-grad samples of the clips 1..``self_forcing_chunks``
-chunks earlier, in ``self_forcing_steps`` Euler steps each (``sampling_steps`` when 0). Reported: steps/s, clips/s and the
+chunks earlier, in ``sampling_steps`` Euler steps each. Reported: steps/s, clips/s and the
 DiT's matmul TFLOP/s (3 forwards per trained clip, plus the self-forced samples' forwards).
 
 Under ``torchrun --nproc-per-node N``, each setting is measured twice: rank 0 alone at the preset's batch (the
@@ -65,9 +65,9 @@ def train_wm(config: Config, clips: dict[str, torch.Tensor], vae, steps: int, se
 
     never = 10**9  # no periodic logging, samples or checkpoints inside the timed loop
     wm = dataclasses.replace(config.world_model, steps=steps, self_forcing=self_forcing, self_forcing_after=0.0, time_limit_s=0.0,
-                             log_every=never, sample_every=never, checkpoint_every=never)  # fmt: skip
+                             sample_every=never, checkpoint_every=never)  # fmt: skip
     with tempfile.TemporaryDirectory() as out:
-        train_world_model(wm, [], vae, out, device, seed=config.seed, clips=clips)
+        train_world_model(wm, [], vae, out, device, seed=config.seed, clips=clips, log_every=never)
 
 
 def seconds_per_step(run_seconds: Callable[[int], float], steps: int) -> float:
@@ -101,6 +101,7 @@ def write_report(out: str | None, text: str, payload: Any) -> None:
 
 def measure(config: Config, clips: dict[str, torch.Tensor], vae, steps: int, self_forcing: float, device: torch.device) -> dict:
     from worldloop.worldmodel.bench import peak_flops
+    from worldloop.worldmodel.train import VAE_CLIP_FRAMES
     from worldloop.worldmodel.modeling import dit_flops_per_forward
 
     per_step = seconds_per_step(lambda n: time_training(config, clips, vae, n, self_forcing, device), steps)
@@ -110,7 +111,7 @@ def measure(config: Config, clips: dict[str, torch.Tensor], vae, steps: int, sel
     side = clips["latents"].shape[-1]
     tokens = 4 * (side // 2) ** 2
     flops = 3 * dit_flops_per_forward(wm.size, wm.batch_size, tokens)
-    sample_steps = sampler_steps(wm)
+    sample_steps = wm.sampling_steps
     chunks = (1 + wm.self_forcing_chunks) / 2  # the mean depth drawn per self-forced clip (the random clips' chain is long)
     flops += sample_steps * chunks * dit_flops_per_forward(wm.size, 1, tokens) * self_forcing * wm.batch_size  # expected self-forced clips
     return {
@@ -120,11 +121,6 @@ def measure(config: Config, clips: dict[str, torch.Tensor], vae, steps: int, sel
         "dit_tflops": flops / per_step / 1e12, "mfu": flops / per_step / peak if peak else None, "gpu_busy": busy,
         "compiled": bool(wm.compile and device.type == "cuda"),
     }  # fmt: skip
-
-
-def sampler_steps(wm) -> int:
-    """Euler steps (no-grad DiT forwards) of one self-forced sample."""
-    return wm.self_forcing_steps or wm.sampling_steps
 
 
 def percent(value: float | None) -> str:
@@ -167,7 +163,7 @@ def bench_wm_train(args: argparse.Namespace, config: Config) -> int:
 def wm_title(config: Config, device: torch.device, processes: str = "") -> str:
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return (f"worldloop bench wm-train on {where}{processes} ({config.sim.image_size}px frames, "
-            f"{sampler_steps(config.world_model)} sampler steps per self-forced clip)")  # fmt: skip
+            f"{config.world_model.sampling_steps} sampler steps per self-forced clip)")  # fmt: skip
 
 
 def bench_wm_train_scaling(args: argparse.Namespace, config: Config, clips: dict[str, torch.Tensor], vae, device: torch.device) -> int:
@@ -225,9 +221,9 @@ def train_vae_run(config: Config, episodes: list, steps: int, device: torch.devi
     from worldloop.worldmodel.train import train_vae
 
     never = 10**9
-    vae = dataclasses.replace(config.vae, steps=steps, time_limit_s=0.0, init=None, pretrained=None, log_every=never, checkpoint_every=never)
+    vae = dataclasses.replace(config.vae, steps=steps, time_limit_s=0.0, init=None, pretrained=None, checkpoint_every=never)
     with tempfile.TemporaryDirectory() as out:
-        train_vae(vae, episodes, episodes[:1], out, device, seed=config.seed)
+        train_vae(vae, episodes, episodes[:1], out, device, seed=config.seed, log_every=never)
 
 
 def vae_step_flops(config: Config, device: torch.device) -> float:
@@ -235,9 +231,10 @@ def vae_step_flops(config: Config, device: torch.device) -> float:
     from torch.utils.flop_counter import FlopCounterMode
 
     from worldloop.worldmodel import vae as vae_lib
+    from worldloop.worldmodel.train import VAE_CLIP_FRAMES
 
     vae = vae_lib.build_vae(config.vae).to(device)
-    frames = torch.randint(0, 256, (config.vae.batch_size, config.vae.clip_frames, config.sim.image_size, config.sim.image_size, 3),
+    frames = torch.randint(0, 256, (config.vae.batch_size, VAE_CLIP_FRAMES, config.sim.image_size, config.sim.image_size, 3),
                            dtype=torch.uint8, device=device)  # fmt: skip
     with FlopCounterMode(display=False) as counter:
         pixels = vae_lib.frames_to_pixels(frames)
@@ -247,12 +244,13 @@ def vae_step_flops(config: Config, device: torch.device) -> float:
 
 def measure_vae(config: Config, episodes: list, steps: int, device: torch.device, flops: float) -> dict:
     from worldloop.worldmodel.bench import peak_flops
+    from worldloop.worldmodel.train import VAE_CLIP_FRAMES
 
     per_step = seconds_per_step(lambda n: time_vae_training(config, episodes, n, device), steps)
     busy = busy_share(lambda n: train_vae_run(config, episodes, n, device), steps, device)
     peak = peak_flops(device)
     batch = config.vae.batch_size
-    return {"size": config.vae.size, "batch": batch, "frames": config.vae.clip_frames, "image_size": config.sim.image_size,
+    return {"size": config.vae.size, "batch": batch, "frames": VAE_CLIP_FRAMES, "image_size": config.sim.image_size,
             "spatial_downsamples": config.vae.spatial_downsamples, "step_ms": 1e3 * per_step, "steps_per_s": 1 / per_step, "clips_per_s": batch / per_step,
             "tflops": flops / per_step / 1e12, "mfu": flops / per_step / peak if peak else None, "gpu_busy": busy}  # fmt: skip
 
@@ -270,11 +268,12 @@ def format_vae_table(rows: list[dict]) -> str:
 def bench_vae_train(args: argparse.Namespace, config: Config) -> int:
     """Time ``train_vae`` at the preset's shapes."""
     from worldloop.utils.device import resolve_device
+    from worldloop.worldmodel.train import VAE_CLIP_FRAMES
 
     if args.steps < 2:
         raise ValueError(f"bench vae-train needs --steps >= 2 (it times the difference of two runs), got {args.steps}")
     device = resolve_device(config.device)
-    episodes = random_episodes(config.sim.image_size, length=max(40, config.vae.clip_frames))
+    episodes = random_episodes(config.sim.image_size, length=max(40, VAE_CLIP_FRAMES))
     time_vae_training(config, episodes, 2, device)  # warm-up: CUDA context, cuDNN's choices
     rows = [measure_vae(config, episodes, args.steps, device, vae_step_flops(config, device))]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

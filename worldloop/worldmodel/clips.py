@@ -3,12 +3,12 @@
 A clip at time ``t`` (the newest context frame) is the frame sequence
 ``[pre, m1, m2, m3, m4, f1 .. f8]`` = frames ``t-4 .. t+8`` (indices below 0 clamped to the first
 frame), encoded in one pass by the causal VAE into 4 latents ``[l(pre), l(m1..m4), l(f1..f4), l(f5..f8)]``.
-With first-frame anchoring, slot 0 is then replaced by the latent of the episode's first frame
-encoded alone (``l(o_0)``); without it (ablation) slot 0 stays ``l(pre)``. This matches the rollout,
-where the memory latent is the last generated latent, which also follows real predecessors.
+Slot 0 is then replaced by the latent of the episode's first frame encoded alone (``l(o_0)``: first-frame
+anchoring). This matches the rollout, where the memory latent is the last generated latent, which also
+follows real predecessors.
 
 The 13 actions are, per frame, the action that produced it: zero for the reference slot and for
-a frame that repeats its predecessor (clamped start, 1-frame memory, static clips), ``a[i-1]`` for
+a frame that repeats its predecessor (clamped start, static clips), ``a[i-1]`` for
 frame ``i`` otherwise; the future frames carry the chunk ``a[t .. t+7]``.
 """
 
@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 CONTEXT = 5
+STATIC_FRACTION = 0.05
+"""Share of training clips that are static (one frame repeated) with zero actions."""
 
 
 @dataclass
@@ -30,16 +32,13 @@ class ClipSpec:
     static: bool
 
 
-def clip_spec(actions: np.ndarray, t: int, chunk: int, memory_frames: int, static: bool = False) -> ClipSpec:
+def clip_spec(actions: np.ndarray, t: int, chunk: int, static: bool = False) -> ClipSpec:
     """The clip whose newest context frame is ``t`` in an episode with per-frame ``actions`` (T, A)."""
     action_dim = actions.shape[1]
     if static:
         indices = np.full(CONTEXT + chunk, t)
         return ClipSpec(indices, np.zeros((CONTEXT + chunk, action_dim), np.float32), True)
-    if memory_frames == 4:
-        context = np.clip(np.arange(t - 4, t + 1), 0, None)
-    else:
-        context = np.full(CONTEXT, t)
+    context = np.clip(np.arange(t - 4, t + 1), 0, None)
     indices = np.concatenate([context, np.arange(t + 1, t + 1 + chunk)])
     clip_actions = np.zeros((CONTEXT + chunk, action_dim), np.float32)
     for slot in range(1, CONTEXT + chunk):
@@ -49,15 +48,15 @@ def clip_spec(actions: np.ndarray, t: int, chunk: int, memory_frames: int, stati
 
 
 def episode_clips(
-    actions: np.ndarray, chunk: int, memory_frames: int, stride: int, static_fraction: float, rng: np.random.Generator
+    actions: np.ndarray, chunk: int, stride: int, rng: np.random.Generator, static_fraction: float = STATIC_FRACTION
 ) -> list[ClipSpec]:
     """Clips every ``stride`` frames of one episode (T frames, actions (T, A)), plus static ones."""
     num_frames = len(actions)
     starts = list(range(0, num_frames - chunk, stride))
-    clips = [clip_spec(actions, t, chunk, memory_frames) for t in starts]
+    clips = [clip_spec(actions, t, chunk) for t in starts]
     num_static = int(rng.binomial(len(clips), static_fraction / max(1e-9, 1 - static_fraction))) if clips else 0
     for t in rng.integers(0, num_frames, size=num_static):
-        clips.append(clip_spec(actions, int(t), chunk, memory_frames, static=True))
+        clips.append(clip_spec(actions, int(t), chunk, static=True))
     return clips
 
 

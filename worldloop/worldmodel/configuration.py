@@ -20,11 +20,13 @@ Size = Literal["tiny", "small", "wan2.2-5b"]
 class VAEConfig:
     """The video VAE (diffusers ``AutoencoderKLWan``): trained from scratch, or a local folder."""
 
+    # Architecture: saved with a trained VAE, which is built as saved
     size: Size = "tiny"
     """Architecture of a VAE trained from scratch: 'tiny', 'small' or 'wan2.2-5b' (the Wan2.2 VAE, 48 channels, 16x)."""
     spatial_downsamples: int = 3
     """Spatial halvings of the encoder (the latent is 2^n times smaller per side): 3 = 8x (Wan2.1), 2 = 4x.
     Ignored by 'wan2.2-5b', which is always 16x."""
+    # Where its weights come from, and training (`worldloop train-vae`)
     pretrained: str | None = None
     """A local diffusers-format AutoencoderKLWan folder to load instead of training (e.g. the Wan2.2 VAE)."""
     init: str | None = None
@@ -35,15 +37,8 @@ class VAEConfig:
     """Optimizer steps of `worldloop train-vae`."""
     batch_size: int = 8
     """Clips per optimizer step."""
-    clip_frames: int = 13
-    """Frames per training clip (1 + 4k). 13 = 4 latent frames, the world model's layout: a VAE trained
-    on 5-frame clips only ever sees latent positions 0 and 1 and decodes positions 2+ poorly."""
     lr: float = 3e-4
     """AdamW learning rate (cosine decay to 10% after a 5% warm-up)."""
-    held_out_fraction: float = 0.1
-    """Fraction of each task's episodes kept out of training for the reconstruction PSNR/SSIM."""
-    log_every: int = 25
-    """Steps between TensorBoard scalars and progress-bar updates."""
     checkpoint_every: int = 200
     """Steps between atomic training checkpoints (resume continues from the newest)."""
     time_limit_s: float = 0.0
@@ -55,15 +50,11 @@ class VAEConfig:
             raise ValueError(f"size must be one of {SIZES}, got {self.size!r}")
         if self.spatial_downsamples not in (2, 3):
             raise ValueError(f"spatial_downsamples must be 2 or 3, got {self.spatial_downsamples}")
-        if self.clip_frames < 1 or (self.clip_frames - 1) % 4:
-            raise ValueError(f"clip_frames must be 1 + 4k (1, 5, 9, ...), got {self.clip_frames}")
-        for name in ("steps", "batch_size", "log_every", "checkpoint_every"):
+        for name in ("steps", "batch_size", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
-        if not 0.0 <= self.held_out_fraction < 1.0:
-            raise ValueError(f"held_out_fraction must be in [0, 1), got {self.held_out_fraction}")
         if self.time_limit_s < 0:
             raise ValueError(f"time_limit_s must be >= 0 (0: no limit), got {self.time_limit_s}")
         if self.pretrained and self.init:
@@ -74,68 +65,20 @@ class VAEConfig:
 class WorldModelConfig:
     """The action-conditioned DiT (diffusers ``WanTransformer3DModel``), its training, sampling and evaluation.
 
-    The sampling options (sampling_steps, shift, decode, memory_noise, action_guidance) are saved with a trained model. The
+    The sampling options (sampling_steps, shift, decode, memory_noise) are saved with a trained model. The
     verbs that load one (eval-wm, train-reward, calibrate-reward, rl) sample as saved, except for the options
     named on their command line."""
 
+    # Architecture: saved with a trained model, which is built as saved
     size: Size = "tiny"
     """DiT dimensions: 'tiny', 'small' or 'wan2.2-5b' (dim 3072, 30 layers, 24 heads, ffn 14336)."""
     chunk_size: int = 8
     """Actions per chunk = new frames per `step` (a multiple of the VAE's 4x temporal compression)."""
-    memory_frames: int = 4
-    """Recent frames in the context after the reference frame: 4 (WoVR) or 1 (ablation: the last frame, repeated)."""
-    reference_frame: bool = True
-    """First-frame anchoring: context slot 0 holds the episode's first frame for the whole rollout.
-    False (ablation) slides it: slot 0 is the frame just before the memory frames."""
     context_channels: bool = False
     """Also concatenate the reference and memory latents to every latent frame's input channels (Wan's
     image-to-video conditioning): each future patch sees those frames' same patch directly. Against objects
     fading in long rollouts (docs/experiments/2026-12-01-fading-objects.md). Saved with the model; False: the slot layout only."""
-    context_noise: float = 0.3
-    """Largest noise level sigma (0-1) put on the non-reference context latents in training; 0 disables (ablation)."""
-    self_forcing: float = 0.0
-    """Fraction of training clips whose memory latent is the model's own prediction of it, sampled
-    (without gradient) from the clip one chunk earlier, as in a rollout: the model learns to continue
-    from its own frames, not only from real ones, against drift that compounds chunk by chunk. 0 disables."""
-    self_forcing_after: float = 0.3
-    """Fraction of the training budget before self-forcing starts (until then its predictions are noise)."""
-    self_forcing_chunks: int = 1
-    """Chunks a self-forced memory is rolled out over: each self-forced clip draws k from 1..this and
-    starts k chunks earlier (fewer where its episode begins sooner), so the model also learns to continue
-    from memory that has drifted for several chunks, as objects fade in a long rollout. Each chunk is
-    one no-grad sample; 1: the clip one chunk earlier only."""
-    self_forcing_steps: int = 0
-    """Euler steps of the self-forced sample; 0: sampling_steps, as in a rollout. Each step is a no-grad DiT
-    forward: at 5, self-forcing 0.5 makes a training step 3.3x slower (docs/benchmarks.md, bench wm-train)."""
-    memory_noise: float = 0.0
-    """Sampling: noise level sigma put on the memory latent at every rollout step, the model told so by its
-    per-token timestep (trained for by context_noise): it then trusts its own last frames less. 0 = clean."""
-    static_fraction: float = 0.05
-    """Fraction of training clips that are static (one frame repeated) with zero actions."""
-    action_dropout: float = 0.0
-    """Fraction of training clips whose actions are replaced by a learned "no action" condition (null
-    cross-attention tokens, no AdaLN action offset), so that the model can be sampled with action_guidance.
-    Saved with the model as its `null_actions`; 0 = off (a DiT without the null, as before)."""
-    action_guidance: float = 1.0
-    """Sampling: action guidance scale w (classifier-free guidance on the actions, Vid2World): every Euler step
-    uses v_none + w (v_actions - v_none), amplifying what the actions change, at twice the DiT batch. 1 = plain
-    conditional sampling; w != 1 needs a model trained with action_dropout > 0."""
-    clip_stride: int = 2
-    """Frames between the start of consecutive training clips cut from one episode."""
-    steps: int = 400
-    """Optimizer steps of `worldloop train-wm`."""
-    batch_size: int = 16
-    """Clips per optimizer step."""
-    lr: float = 3e-4
-    """AdamW learning rate (cosine decay to 10% after a 5% warm-up)."""
-    ema_decay: float = 0.999
-    """Decay of the exponential moving average of the weights that is saved and sampled from."""
-    gradient_checkpointing: bool = True
-    """Recompute DiT blocks in the backward pass (GPU only; saves memory for large batches)."""
-    compile: bool = False
-    """torch.compile the DiT's training forward (CUDA only; fixed shapes). The small DiT's eager training step is bound
-    by kernel launches (the GPU ~30 % busy at batch 64 on an H200); compiled, it fuses them. Costs a minute of
-    compilation at the start of a run (docs/benchmarks.md, `bench wm-train`)."""
+    # Sampling: saved with a trained model; a verb that loads one takes them from its command line only
     shift: float = 5.0
     """Flow-matching time shift: sigma' = shift*sigma / (1 + (shift-1)*sigma), for training noise levels and sampling."""
     sampling_steps: int = 5
@@ -147,10 +90,35 @@ class WorldModelConfig:
     rollout. A VAE trained on 13-frame clips drifts in such a long decode: objects fade within three
     chunks (docs/experiments/2026-12-01-context-channels.md). 'cached' is for a VAE that learned long videos (Wan2.2's
     pipelines decode whole videos this way)."""
-    held_out_fraction: float = 0.1
-    """Fraction of each task's episodes kept out of training (eval-wm measures on them)."""
-    log_every: int = 25
-    """Steps between TensorBoard scalars."""
+    memory_noise: float = 0.0
+    """Sampling: noise level sigma put on the memory latent at every rollout step, the model told so by its
+    per-token timestep (trained for: worldloop.worldmodel.train.CONTEXT_NOISE): it then trusts its own last frames less. 0 = clean."""
+    # Training (`worldloop train-wm`)
+    self_forcing: float = 0.0
+    """Fraction of training clips whose memory latent is the model's own prediction of it, sampled
+    (without gradient) from the clip one chunk earlier, as in a rollout: the model learns to continue
+    from its own frames, not only from real ones, against drift that compounds chunk by chunk. 0 disables."""
+    self_forcing_after: float = 0.3
+    """Fraction of the training budget before self-forcing starts (until then its predictions are noise)."""
+    self_forcing_chunks: int = 1
+    """Chunks a self-forced memory is rolled out over: each self-forced clip draws k from 1..this and
+    starts k chunks earlier (fewer where its episode begins sooner), so the model also learns to continue
+    from memory that has drifted for several chunks, as objects fade in a long rollout. Each chunk is
+    one no-grad sample; 1: the clip one chunk earlier only."""
+    clip_stride: int = 2
+    """Frames between the start of consecutive training clips cut from one episode."""
+    steps: int = 400
+    """Optimizer steps of `worldloop train-wm`."""
+    batch_size: int = 16
+    """Clips per optimizer step."""
+    lr: float = 3e-4
+    """AdamW learning rate (cosine decay to 10% after a 5% warm-up)."""
+    ema_decay: float = 0.999
+    """Decay of the exponential moving average of the weights that is saved and sampled from."""
+    compile: bool = False
+    """torch.compile the DiT's training forward (CUDA only; fixed shapes). The small DiT's eager training step is bound
+    by kernel launches (the GPU ~30 % busy at batch 64 on an H200); compiled, it fuses them. Costs a minute of
+    compilation at the start of a run (docs/benchmarks.md, `bench wm-train`)."""
     sample_every: int = 500
     """Steps between sample videos written to TensorBoard (and at the end)."""
     checkpoint_every: int = 500
@@ -158,44 +126,30 @@ class WorldModelConfig:
     time_limit_s: float = 0.0
     """Training seconds (summed over resumed runs) after which training stops even before `steps`; the
     learning-rate schedule then spans this time (0 = no limit: the schedule spans `steps`)."""
+    # Evaluation (`worldloop eval-wm`)
     eval_horizons: list[int] = field(default_factory=lambda: [8, 32, 64, 128])
     """Open-loop horizons (frames) of `worldloop eval-wm`; a horizon longer than every held-out episode is skipped."""
     eval_episodes: int = 16
     """Held-out episodes replayed by `worldloop eval-wm` (all of them if fewer)."""
+
     def validate(self) -> None:
         if self.size not in SIZES:
             raise ValueError(f"size must be one of {SIZES}, got {self.size!r}")
         if self.chunk_size < 4 or self.chunk_size % 4:
             raise ValueError(f"chunk_size must be a positive multiple of 4 (the VAE's temporal compression), got {self.chunk_size}")
-        if self.memory_frames not in (1, 4):
-            raise ValueError(f"memory_frames must be 4 or 1, got {self.memory_frames}")
-        if not 0.0 <= self.context_noise <= 1.0:
-            raise ValueError(f"context_noise must be in [0, 1], got {self.context_noise}")
         if not 0.0 <= self.self_forcing <= 1.0 or not 0.0 <= self.self_forcing_after <= 1.0:
             raise ValueError(f"self_forcing and self_forcing_after must be in [0, 1], got {self.self_forcing}, {self.self_forcing_after}")
         if self.self_forcing_chunks < 1:
             raise ValueError(f"self_forcing_chunks must be >= 1, got {self.self_forcing_chunks}")
-        if self.self_forcing_steps < 0:
-            raise ValueError(f"self_forcing_steps must be >= 0 (0: sampling_steps), got {self.self_forcing_steps}")
-        if self.self_forcing and (self.memory_frames != 4 or not self.reference_frame):
-            raise ValueError("self_forcing follows the rollout's latent memory, which needs memory_frames=4 and reference_frame=true")
         if not 0.0 <= self.memory_noise < 1.0:
             raise ValueError(f"memory_noise must be in [0, 1), got {self.memory_noise}")
-        if not 0.0 <= self.static_fraction < 1.0:
-            raise ValueError(f"static_fraction must be in [0, 1), got {self.static_fraction}")
-        if not 0.0 <= self.action_dropout < 1.0:
-            raise ValueError(f"action_dropout must be in [0, 1), got {self.action_dropout}")
-        if self.action_guidance < 1.0:
-            raise ValueError(f"action_guidance must be >= 1 (1: plain conditional sampling), got {self.action_guidance}")
-        for name in ("clip_stride", "steps", "batch_size", "sampling_steps", "log_every", "sample_every", "checkpoint_every", "eval_episodes"):
+        for name in ("clip_stride", "steps", "batch_size", "sampling_steps", "sample_every", "checkpoint_every", "eval_episodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.ema_decay < 1.0:
             raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
         if self.lr <= 0 or self.shift <= 0:
             raise ValueError(f"lr and shift must be > 0, got {self.lr}, {self.shift}")
-        if not 0.0 <= self.held_out_fraction < 1.0:
-            raise ValueError(f"held_out_fraction must be in [0, 1), got {self.held_out_fraction}")
         if self.time_limit_s < 0:
             raise ValueError(f"time_limit_s must be >= 0 (0: no limit), got {self.time_limit_s}")
         if not self.eval_horizons or min(self.eval_horizons) < 1:

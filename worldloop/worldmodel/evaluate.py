@@ -278,9 +278,8 @@ def evaluate_world_model(
         "rollout_frames_per_second": rollout_fps,
         "num_envs": len(episodes),
         "device": str(model.device),
-        "sampling": {"steps": model.sampling_steps, "shift": model.shift, "decode": model.decode_mode, "memory_noise": model.memory_noise,
-                     "action_guidance": model.action_guidance},
-        "model": {k: model.spec[k] for k in ("size", "image_size", "memory_frames", "reference_frame", "context_channels", "null_actions")},
+        "sampling": {"steps": model.sampling_steps, "shift": model.shift, "decode": model.decode_mode, "memory_noise": model.memory_noise},
+        "model": {k: model.spec[k] for k in ("size", "image_size", "context_channels")},
     }
     if sim_config is not None:  # both action sequences in one simulator run of 2N environments
         simulated, running = simulate(sim_config, list(episodes) * 2, drivers + list(episodes), max(usable))

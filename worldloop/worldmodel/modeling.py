@@ -21,11 +21,6 @@ Optionally (``context_channels``), the two context latents are also concatenated
 frame's channels, as Wan's image-to-video model concatenates its first frame: a future token then
 holds the reference and memory latents of its own patch as input, so keeping what does not move is
 a local copy rather than something attention has to learn to look up across time.
-
-Optionally (``null_actions``), the DiT also learns a "no action" condition for action guidance
-(classifier-free guidance on the actions): rows marked ``drop`` see 13 learned null tokens in place of
-their action tokens and no AdaLN action offset, so their velocity does not depend on their actions.
-Without the option the module has exactly the weights it had before the option existed.
 """
 
 from __future__ import annotations
@@ -45,12 +40,9 @@ DIT_SIZES = {
 
 
 class ActionConditionedDiT(nn.Module):
-    """``forward(latents, sigmas, actions, drop=None) -> velocity`` over ``[context | future]`` latents."""
+    """``forward(latents, sigmas, actions) -> velocity`` over ``[context | future]`` latents."""
 
-    def __init__(
-        self, size: str, latent_channels: int, action_dim: int, chunk_size: int = 8, context_channels: bool = False,
-        null_actions: bool = False,
-    ):  # fmt: skip
+    def __init__(self, size: str, latent_channels: int, action_dim: int, chunk_size: int = 8, context_channels: bool = False):
         super().__init__()
         from diffusers import WanTransformer3DModel
 
@@ -78,11 +70,6 @@ class ActionConditionedDiT(nn.Module):
         )
         nn.init.zeros_(self.frame_action_mlp[-1].weight)
         nn.init.zeros_(self.frame_action_mlp[-1].bias)
-        # the "no action" condition of action guidance: its own cross-attention tokens, no AdaLN offset
-        self.null_actions = null_actions
-        if null_actions:
-            self.null_action_tokens = nn.Parameter(torch.zeros(self.num_actions, dims["text_dim"]))
-            self.init_null_action_tokens()
         self._temb_offset: torch.Tensor | None = None
         self.transformer.condition_embedder.time_embedder.register_forward_hook(self._add_action_to_temb)
 
@@ -91,12 +78,6 @@ class ActionConditionedDiT(nn.Module):
             return temb
         return temb + self._temb_offset.to(temb.dtype)
 
-    @torch.no_grad()
-    def init_null_action_tokens(self) -> None:
-        """Start the null tokens at the tokens of all-zero (normalised: average) actions, a condition the
-        rest of the network already reads; a DiT continued from one trained without the null starts there."""
-        self.null_action_tokens.copy_(self.action_tokens.bias + self.slot_embedding)
-
     def frame_action_groups(self, actions: torch.Tensor) -> torch.Tensor:
         """(B, 13, A) -> (B, 4, 4A): the actions producing each latent frame (reference zero-padded)."""
         batch = actions.shape[0]
@@ -104,10 +85,9 @@ class ActionConditionedDiT(nn.Module):
         groups = torch.cat([reference, actions[:, 1:]], dim=1)  # (B, 4 * latent_frames, A)
         return groups.reshape(batch, self.latent_frames, TEMPORAL_FACTOR * self.action_dim)
 
-    def forward(self, latents: torch.Tensor, sigmas: torch.Tensor, actions: torch.Tensor, drop: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, latents: torch.Tensor, sigmas: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """latents (B, C, 4, h, w); sigmas (B, 4) noise level per latent frame in [0, 1];
-        actions (B, 13, A) normalised; drop (B,) bool: rows that get the "no action" condition instead
-        (needs ``null_actions``) -> predicted velocity (B, C, 4, h, w)."""
+        actions (B, 13, A) normalised -> predicted velocity (B, C, 4, h, w)."""
         batch, _, frames, height, width = latents.shape
         if frames != self.latent_frames:
             raise ValueError(f"the DiT takes {self.latent_frames} latent frames (2 context + {self.chunk_size // 4} new), got {frames}")
@@ -119,8 +99,6 @@ class ActionConditionedDiT(nn.Module):
         timestep = (sigmas * 1000.0).repeat_interleave(tokens_per_frame, dim=1)  # (B, seq_len)
         action_tokens = self.action_tokens(actions) + self.slot_embedding  # (B, 13, text_dim)
         frame_offset = self.frame_action_mlp(self.frame_action_groups(actions))  # (B, 4, inner)
-        if drop is not None:
-            action_tokens, frame_offset = self.without_actions(action_tokens, frame_offset, drop)
         self._temb_offset = frame_offset.repeat_interleave(tokens_per_frame, dim=1)  # (B, seq_len, inner)
         if self.context_channels:  # [latent | reference | memory] on every frame's channels
             context = latents[:, :, :2].flatten(1, 2)[:, :, None].expand(-1, -1, frames, -1, -1)
@@ -129,18 +107,6 @@ class ActionConditionedDiT(nn.Module):
             return self.transformer(latents, timestep, action_tokens, return_dict=False)[0]
         finally:
             self._temb_offset = None
-
-    def without_actions(
-        self, action_tokens: torch.Tensor, frame_offset: torch.Tensor, drop: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The two action channels with the ``drop`` rows (B,) replaced by the "no action" condition:
-        the null tokens and a zero AdaLN offset (selected, not added: nothing of those rows' actions remains)."""
-        if not self.null_actions:
-            raise ValueError("this DiT has no 'no action' condition (null_actions=False: trained without world_model.action_dropout)")
-        if drop.shape != (action_tokens.shape[0],) or drop.dtype != torch.bool:
-            raise ValueError(f"drop must be a ({action_tokens.shape[0]},) bool tensor, got {drop.dtype} {tuple(drop.shape)}")
-        rows = drop[:, None, None]
-        return torch.where(rows, self.null_action_tokens.to(action_tokens.dtype), action_tokens), torch.where(rows, 0.0, frame_offset)
 
 
 def dit_flops_per_forward(size: str, batch: int, tokens: int, action_tokens: int = 13) -> float:

@@ -3,9 +3,8 @@
 State per environment lives on the device, in latent space: the context ``[reference, memory]``
 (2 latent frames), the 4 actions that produced the memory frames, one noise generator, and the
 causal decoder cache. One ``step`` runs the 5-step flow-matching Euler sampler for every
-environment in one batched DiT forward per step (of twice the rows under action guidance: with
-and without the actions), decodes only the 8 new frames, and makes the last generated latent the
-next memory (no decode / re-encode of the context).
+environment in one batched DiT forward per step, decodes only the 8 new frames, and makes the last
+generated latent the next memory (no decode / re-encode of the context).
 
 A model folder holds ``config.json`` (kind ``world_model``: sizes, image size, action
 normalisation), ``model.safetensors`` (the DiT's EMA weights) and ``vae/`` (diffusers format).
@@ -28,6 +27,9 @@ from worldloop.worldmodel.configuration import WorldModelConfig
 from worldloop.worldmodel.modeling import ActionConditionedDiT
 
 KIND = "world_model"
+RETIRED_SPEC: dict[str, Any] = {"memory_frames": 4, "reference_frame": True, "null_actions": False, "action_dropout": 0.0, "action_guidance": 1.0}
+"""config.json keys of world models saved by earlier versions -> the only value this version builds: the ablations (1
+memory frame, no reference frame) and action guidance (2026-12-03 action-guidance run: not a fix as trained) are gone."""
 MEMORY = 4
 
 
@@ -50,29 +52,16 @@ def autocast(device: torch.device):
     return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
-def guided_velocity(
-    dit: ActionConditionedDiT, latents: torch.Tensor, sigmas: torch.Tensor, actions: torch.Tensor, guidance: float
-) -> torch.Tensor:
-    """Action guidance: v_none + guidance (v_actions - v_none), both velocities from one DiT call over the
-    batch twice (the second half under the "no action" condition). Returns fp32 (B, C, T, h, w)."""
-    batch = latents.shape[0]
-    drop = torch.arange(2 * batch, device=latents.device) >= batch
-    both = dit(torch.cat([latents, latents]), torch.cat([sigmas, sigmas]), torch.cat([actions, actions]), drop=drop).float()
-    conditional, unconditional = both[:batch], both[batch:]
-    return unconditional + guidance * (conditional - unconditional)
-
-
 @torch.no_grad()
 def sample_future(
     dit: ActionConditionedDiT, context: torch.Tensor, actions: torch.Tensor, noise: torch.Tensor, sigmas: torch.Tensor,
-    memory_sigma: float = 0.0, guidance: float = 1.0,
+    memory_sigma: float = 0.0,
 ) -> torch.Tensor:  # fmt: skip
     """Euler integration of the velocity field from ``noise`` (sigma 1) to clean future latents.
 
     context (N, C, 2, h, w) is re-imposed at every step at sigma 0, its memory slot at ``memory_sigma``
     when the caller has noised it; actions (N, 13, A) normalised; noise (N, C, k, h, w); sigmas
-    (steps + 1,) decreasing to 0; guidance: the action guidance scale (1: the plain conditional velocity,
-    one DiT call of N rows per step; otherwise :func:`guided_velocity`, one call of 2N rows)."""
+    (steps + 1,) decreasing to 0; one DiT call of N rows per step."""
     latents = noise
     batch, frames = noise.shape[0], context.shape[2] + noise.shape[2]
     for sigma, sigma_next in zip(sigmas[:-1].tolist(), sigmas[1:].tolist()):
@@ -80,10 +69,7 @@ def sample_future(
         per_frame[:, 1 : context.shape[2]] = memory_sigma
         per_frame[:, context.shape[2] :] = sigma
         with autocast(noise.device):
-            if guidance == 1.0:
-                velocity = dit(torch.cat([context, latents], dim=2), per_frame, actions)
-            else:
-                velocity = guided_velocity(dit, torch.cat([context, latents], dim=2), per_frame, actions, guidance)
+            velocity = dit(torch.cat([context, latents], dim=2), per_frame, actions)
         latents = latents + (sigma_next - sigma) * velocity[:, :, context.shape[2] :].float()
     return latents
 
@@ -99,12 +85,9 @@ class WorldModel:
         self.image_size = int(spec["image_size"])
         self.chunk_size = int(spec["chunk_size"])
         self.action_dim = int(spec["action_dim"])
-        self.memory_frames = int(spec["memory_frames"])
-        self.reference_frame = bool(spec["reference_frame"])
         self.action_mean = torch.tensor(spec["action_mean"], dtype=torch.float32, device=self.device)
         self.action_std = torch.tensor(spec["action_std"], dtype=torch.float32, device=self.device)
-        self.set_sampling(spec.get("sampling_steps", 5), spec.get("shift", 5.0), spec.get("decode", "full"), spec.get("memory_noise", 0.0),
-                          spec.get("action_guidance", 1.0))  # fmt: skip
+        self.set_sampling(spec.get("sampling_steps", 5), spec.get("shift", 5.0), spec.get("decode", "full"), spec.get("memory_noise", 0.0))
         self.decoder = vae_lib.StreamingDecoder(self.vae)
         self.context: torch.Tensor | None = None  # (N, C, 2, h, w)
         self.context_actions: torch.Tensor | None = None  # (N, 5, A) raw
@@ -119,32 +102,33 @@ class WorldModel:
         factor = vae_lib.spatial_factor(vae)
         if image_size % (2 * factor):
             raise ValueError(f"image_size {image_size} must be a multiple of {2 * factor} (VAE {factor}x, DiT patch 2)")
-        null_actions = config.action_dropout > 0  # trained with dropped actions: it learns the "no action" condition
-        dit = ActionConditionedDiT(config.size, int(vae.config.z_dim), action_dim, config.chunk_size, config.context_channels, null_actions)
+        dit = ActionConditionedDiT(config.size, int(vae.config.z_dim), action_dim, config.chunk_size, config.context_channels)
         spec = dict(
             kind=KIND, size=config.size, image_size=image_size, action_dim=action_dim, chunk_size=config.chunk_size,
-            context_channels=config.context_channels, null_actions=null_actions, action_dropout=config.action_dropout,
-            latent_channels=int(vae.config.z_dim), memory_frames=config.memory_frames, reference_frame=config.reference_frame,
+            context_channels=config.context_channels, latent_channels=int(vae.config.z_dim),
             action_mean=list(action_mean) if action_mean is not None else [0.0] * action_dim,
             action_std=list(action_std) if action_std is not None else [1.0] * action_dim,
             sampling_steps=config.sampling_steps, shift=config.shift, decode=config.decode, memory_noise=config.memory_noise,
-            action_guidance=config.action_guidance,
         )  # fmt: skip
         return cls(dit, vae, spec, device)
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, device: str | torch.device = "auto", **sampling: Any) -> "WorldModel":
         """Load a folder written by :meth:`save_pretrained`; ``sampling`` may override
-        ``sampling_steps``, ``shift``, ``decode``, ``memory_noise`` and ``action_guidance``."""
+        ``sampling_steps``, ``shift``, ``decode`` and ``memory_noise``."""
         folder = Path(folder)
         spec = read_model_config(folder, kind=KIND)
         vae = vae_lib.load_vae(folder / "vae")
         if int(vae.config.z_dim) != int(spec["latent_channels"]):
             raise ValueError(f"{folder}/vae has {vae.config.z_dim} latent channels, the DiT expects {spec['latent_channels']}")
         spec.setdefault("context_channels", False)  # folders from before the option
-        spec.setdefault("null_actions", False)
+        for key, fixed in RETIRED_SPEC.items():  # written by earlier versions, where they were options
+            if spec.setdefault(key, fixed) != fixed:
+                raise ValueError(f"world model {folder}: config.json has {key}={spec[key]!r}; world_model.{key} was retired and "
+                                 f"this version only builds {key}={fixed!r} (train the world model again)")
+            spec.pop(key)
         dit = ActionConditionedDiT(spec["size"], int(spec["latent_channels"]), int(spec["action_dim"]), int(spec["chunk_size"]),
-                                   bool(spec["context_channels"]), bool(spec["null_actions"]))  # fmt: skip
+                                   bool(spec["context_channels"]))  # fmt: skip
         load_weights(folder, dit)
         spec.update({k: v for k, v in sampling.items() if v is not None})
         try:
@@ -173,22 +157,14 @@ class WorldModel:
         atomic_write_json(folder / "config.json", self.spec)
         return folder
 
-    def set_sampling(self, steps: int, shift: float, decode: str, memory_noise: float = 0.0, action_guidance: float = 1.0) -> None:
+    def set_sampling(self, steps: int, shift: float, decode: str, memory_noise: float = 0.0) -> None:
         if decode not in ("cached", "full"):
             raise ValueError(f"decode must be 'cached' or 'full', got {decode!r}")
         if not 0.0 <= memory_noise < 1.0:
             raise ValueError(f"memory_noise must be in [0, 1), got {memory_noise}")
-        if action_guidance < 1.0:
-            raise ValueError(f"action_guidance must be >= 1 (1: plain conditional sampling), got {action_guidance}")
-        if action_guidance != 1.0 and not self.dit.null_actions:
-            raise ValueError(f"world_model.action_guidance={action_guidance} needs a world model trained with "
-                             "world_model.action_dropout > 0; this one has no 'no action' condition to guide against "
-                             "(sample it with action_guidance=1)")  # fmt: skip
         self.sampling_steps, self.shift, self.decode_mode, self.memory_noise = int(steps), float(shift), decode, float(memory_noise)
-        self.action_guidance = float(action_guidance)
         self.sigmas = sampler_sigmas(self.sampling_steps, self.shift)
-        self.spec.update(sampling_steps=self.sampling_steps, shift=self.shift, decode=decode, memory_noise=self.memory_noise,
-                         action_guidance=self.action_guidance)  # fmt: skip
+        self.spec.update(sampling_steps=self.sampling_steps, shift=self.shift, decode=decode, memory_noise=self.memory_noise)
 
     # ------------------------------------------------------------------------------------ rollout
 
@@ -228,17 +204,14 @@ class WorldModel:
         first = self._check_frames(first_frames, "first_frames", (len(first_frames),))
         num_envs = first.shape[0]
         memory = first[:, None].expand(-1, MEMORY, -1, -1, -1) if memory_frames is None else self._check_frames(memory_frames, "memory_frames", (num_envs, MEMORY))
-        if self.memory_frames == 1:
-            memory = memory[:, -1:].expand(-1, MEMORY, -1, -1, -1)
         sequence = torch.cat([memory[:, :1], memory], dim=1)  # [pre, m1..m4]
-        self.context = self.encode_context(sequence, first if self.reference_frame else None)
+        self.context = self.encode_context(sequence, first)
         self.context_actions = torch.zeros(num_envs, 5, self.action_dim, device=self.device)
         if memory_actions is not None:
             memory_actions = torch.as_tensor(memory_actions, dtype=torch.float32, device=self.device)
             if tuple(memory_actions.shape) != (num_envs, MEMORY, self.action_dim):
                 raise ValueError(f"memory_actions must be ({num_envs}, {MEMORY}, {self.action_dim}), got {tuple(memory_actions.shape)}")
-            if self.memory_frames == MEMORY:
-                self.context_actions[:, 1:] = memory_actions
+            self.context_actions[:, 1:] = memory_actions
         if seeds is None:  # fresh, reproducible noise streams for every reset
             seeds = [self.resets * num_envs + i for i in range(num_envs)]
         seeds = list(seeds)
@@ -270,29 +243,17 @@ class WorldModel:
         if self.memory_noise:  # the conditioning only: the clean memory stays in self.context
             memory = (1 - self.memory_noise) * context[:, :, 1:] + self.memory_noise * memory_eps
             context = torch.cat([context[:, :, :1], memory], dim=2)
-        new = sample_future(self.dit, context, all_actions, noise, self.sigmas, self.memory_noise, self.action_guidance)  # (N, C, 2, h, w)
+        new = sample_future(self.dit, context, all_actions, noise, self.sigmas, self.memory_noise)  # (N, C, 2, h, w)
         with autocast(self.device):
             if self.decode_mode == "cached":
                 frames = self.decoder(new)
             else:
                 frames = vae_lib.decode(self.vae, torch.cat([self.context, new], dim=2))[:, -self.chunk_size :]
-        self._advance(new, frames, actions)
-        return frames
-
-    def _advance(self, new: torch.Tensor, frames: torch.Tensor, actions: torch.Tensor) -> None:
-        """The next context: the last generated latent as memory (ablations re-encode frames instead)."""
+        # the next context: the reference stays, the last generated latent becomes the memory, with the actions that made it
         self.context_actions = torch.zeros_like(self.context_actions)
-        if self.memory_frames == MEMORY:
-            self.context_actions[:, 1:] = actions[:, -MEMORY:]
-        if self.reference_frame and self.memory_frames == MEMORY:
-            self.context = torch.cat([self.context[:, :, :1], new[:, :, -1:]], dim=2)
-            return
-        if self.memory_frames == MEMORY:
-            sequence = frames[:, -5:]  # [pre, m1..m4] straight from the new frames
-        else:
-            sequence = frames[:, -1:].expand(-1, 5, -1, -1, -1)
-        latents = self.encode_context(sequence, None)
-        self.context = torch.cat([self.context[:, :, :1], latents[:, :, 1:]], dim=2) if self.reference_frame else latents
+        self.context_actions[:, 1:] = actions[:, -MEMORY:]
+        self.context = torch.cat([self.context[:, :, :1], new[:, :, -1:]], dim=2)
+        return frames
 
     def select(self, index: torch.Tensor) -> None:
         """Keep only environments ``index`` (drops finished ones without a reset)."""

@@ -6,8 +6,7 @@ held-out PSNR/SSIM.
 ``train_world_model``: every clip of every training episode is encoded once (cached on disk next to
 the run), then rectified flow: ``x_sigma = (1 - sigma) x0 + sigma eps``, the DiT predicts the
 velocity ``eps - x0`` of the 2 future latents given the clean (or lightly noised, context-noise
-augmentation) context latents and the 13 actions (or, for a fraction ``action_dropout`` of the clips,
-the learned "no action" condition that action guidance samples against). EMA weights are what gets saved.
+augmentation) context latents and the 13 actions. EMA weights are what gets saved.
 
 Under torchrun both are data-parallel (:mod:`worldloop.utils.distributed`): every rank draws the same global batch
 and trains on its rows, the gradients are averaged, rank 0 writes checkpoints, TensorBoard and the model.
@@ -31,7 +30,7 @@ from worldloop.utils import distributed
 from worldloop.utils.checkpoint import announce_resume, latest_checkpoint, load_checkpoint, save_checkpoint
 from worldloop.utils.io import atomic_path, atomic_write_json, read_json
 from worldloop.worldmodel import vae as vae_lib
-from worldloop.worldmodel.clips import episode_clips, predecessors
+from worldloop.worldmodel.clips import STATIC_FRACTION, episode_clips, predecessors
 from worldloop.worldmodel.configuration import VAEConfig, WorldModelConfig
 from worldloop.worldmodel.metrics import masked_psnr, moving_pixels, psnr, ssim
 from worldloop.worldmodel.rollout import WorldModel, autocast, sample_future, sampler_sigmas, shift_sigmas
@@ -42,9 +41,12 @@ class EpisodeLike(Protocol):
     actions: Any  # (T, A) float32
 
 
-def load_split(dataset_dir: str | Path, held_out_fraction: float, seed: int) -> tuple[list, list, Any]:
-    """(train episodes, held-out episodes, dataset) of a LeRobot dataset folder, split per task."""
-    from worldloop.data.dataset import TrajectoryDataset, split_episodes
+def load_split(dataset_dir: str | Path, seed: int, held_out_fraction: float | None = None) -> tuple[list, list, Any]:
+    """(train episodes, held-out episodes, dataset) of a LeRobot dataset folder, split per task (held_out_fraction
+    None: worldloop.data.dataset.HELD_OUT_FRACTION, the split training keeps out)."""
+    from worldloop.data.dataset import HELD_OUT_FRACTION, TrajectoryDataset, split_episodes
+
+    held_out_fraction = HELD_OUT_FRACTION if held_out_fraction is None else held_out_fraction
 
     dataset = TrajectoryDataset(dataset_dir)
     train_idx, held_idx = split_episodes(dataset, held_out_fraction=held_out_fraction, seed=seed)
@@ -105,6 +107,14 @@ WEIGHT_DECAY = 0.01
 """The DiT's AdamW weight decay."""
 GRAD_CLIP = 1.0
 """The DiT's gradient-norm clip."""
+CONTEXT_NOISE = 0.3
+"""Largest noise level sigma (0-1) put on the memory latent in training: the model learns to trust its context less, and
+a rollout can tell it how noisy its memory is (world_model.memory_noise)."""
+VAE_CLIP_FRAMES = 13
+"""Frames per VAE training clip: 4 latent frames, the world model's layout (a VAE trained on 5-frame clips only ever saw
+latent positions 0 and 1 and decoded positions 2+ poorly)."""
+LOG_EVERY = 25
+"""Steps between the training losses written to TensorBoard (reading a loss waits for the GPU)."""
 
 # ============================================================================================ VAE
 
@@ -185,7 +195,8 @@ def latent_statistics(vae, episodes: Sequence[EpisodeLike], device: torch.device
     return raw.mean(1).tolist(), raw.std(1).clamp_min(1e-4).tolist()
 
 
-def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out: Sequence[EpisodeLike], out: str | Path, device: torch.device, seed: int = 0) -> dict[str, Any]:
+def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out: Sequence[EpisodeLike], out: str | Path, device: torch.device, seed: int = 0,
+              log_every: int = LOG_EVERY) -> dict[str, Any]:
     """Train an AutoencoderKLWan from scratch or from ``config.init`` (or load ``config.pretrained``), save it to ``out``
     in diffusers format with its latent statistics, and write ``out/metrics.json``."""
     out = Path(out)
@@ -227,7 +238,7 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
         for step in bar:
             if budget.out_of_time():  # checked first: a resumed run whose time is spent takes no step
                 break
-            frames = store.sample(config.batch_size, config.clip_frames, generator, mine)
+            frames = store.sample(config.batch_size, VAE_CLIP_FRAMES, generator, mine)
             pixels = vae_lib.frames_to_pixels(frames)
             with autocast(device):
                 posterior = vae.encode(pixels).latent_dist
@@ -244,7 +255,7 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
             optimizer.step()
             scheduler.step()
             done = step + 1
-            if (step + 1) % config.log_every == 0 or step + 1 == config.steps:  # reading the loss waits for the GPU: only here
+            if (step + 1) % log_every == 0 or step + 1 == config.steps:  # reading the loss waits for the GPU: only here
                 losses.append(distributed.all_mean(float(loss.detach())))
                 writer.add_scalar("vae/loss", losses[-1], step + 1)
                 writer.add_scalar("vae/l1", distributed.all_mean(float(l1.detach())), step + 1)
@@ -261,7 +272,7 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
             if (step + 1) % config.checkpoint_every == 0 and step + 1 < config.steps:
                 save_checkpoint(out, step + 1, {"vae": vae}, stateful, extra={"seconds": budget.seconds()})
         steps_done, train_seconds = done, time.time() - budget.started
-        if done > first and done % config.log_every and done != config.steps:  # the last step's loss, when it was not logged
+        if done > first and done % log_every and done != config.steps:  # the last step's loss, when it was not logged
             losses.append(distributed.all_mean(float(loss.detach())))
         save_checkpoint(out, steps_done, {"vae": vae}, stateful, extra={"seconds": budget.seconds()})
         writer.close()
@@ -304,7 +315,7 @@ def encode_clips(
     latents, actions, previous, count = [], [], [], 0
     for episode in _progress(episodes, desc="encode clips", leave=False, disable=not progress):
         frames = _frames(episode)
-        specs = episode_clips(_actions(episode), config.chunk_size, config.memory_frames, config.clip_stride, config.static_fraction, rng)
+        specs = episode_clips(_actions(episode), config.chunk_size, config.clip_stride, rng)
         if not specs:
             continue
         with autocast(device):
@@ -313,8 +324,7 @@ def encode_clips(
                 group = specs[start : start + batch]
                 index = torch.as_tensor(np.stack([s.frame_indices for s in group]))
                 clip_latents = vae_lib.encode(vae, frames[index].to(device))  # (b, C, 4, h, w)
-                if config.reference_frame:
-                    clip_latents[:, :, :1] = reference
+                clip_latents[:, :, :1] = reference
                 latents.append(clip_latents.float().cpu())
         actions.append(torch.as_tensor(np.stack([s.actions for s in specs])))
         local = predecessors(specs, config.chunk_size)
@@ -364,6 +374,7 @@ def train_world_model(
     clips: dict[str, torch.Tensor] | None = None,
     init: WorldModel | None = None,
     steps_before: int | None = 0,
+    log_every: int = LOG_EVERY,
 ) -> WorldModel:
     """Train the action-conditioned DiT on ``train_episodes``; the EMA model is saved to ``out``
     (config.json, model.safetensors, vae/) and returned. ``clips`` ({"latents" (M, C, 4, h, w),
@@ -379,8 +390,8 @@ def train_world_model(
             raise ValueError("train-wm: no training episodes")
         image_size = int(_frames(train_episodes[0]).shape[1])
         all_actions = np.concatenate([_actions(e) for e in train_episodes])
-        key = dict(cache_key or {}, image_size=image_size, episodes=len(train_episodes), chunk=config.chunk_size, memory=config.memory_frames,
-                   reference=config.reference_frame, stride=config.clip_stride, static=config.static_fraction, seed=seed,
+        key = dict(cache_key or {}, image_size=image_size, episodes=len(train_episodes), chunk=config.chunk_size,
+                   stride=config.clip_stride, static=STATIC_FRACTION, seed=seed,
                    vae_mean=list(vae.config.latents_mean)[:4])  # fmt: skip
         clips = cached_clips(vae, train_episodes, config, device, out, key, seed)
     else:
@@ -394,9 +405,6 @@ def train_world_model(
         if bool(init.spec["context_channels"]) != config.context_channels:
             raise ValueError(f"--init world model has context_channels={bool(init.spec['context_channels'])}; "
                              f"world_model.context_channels={config.context_channels} builds a DiT whose input layer differs: set it alike")
-        if init.dit.null_actions and not config.action_dropout:
-            raise ValueError("--init world model has a learned 'no action' condition (trained with world_model.action_dropout > 0); "
-                             "world_model.action_dropout=0 builds a DiT without it: continue it with action_dropout > 0")
         action_mean, action_std = np.asarray(init.spec["action_mean"]), np.asarray(init.spec["action_std"])
     latents_all, actions_all = clips["latents"].to(device), clips["actions"].to(device)
     if config.self_forcing and "previous" not in clips:
@@ -409,8 +417,6 @@ def train_world_model(
     if init is not None:
         load_init_weights(model.dit, init.dit)
     dit = model.dit.train()
-    if config.gradient_checkpointing and device.type == "cuda":
-        dit.transformer.enable_gradient_checkpointing()
     ema = copy.deepcopy(dit).eval().requires_grad_(False)
     optimizer = make_optimizer(dit.parameters(), config.lr, WEIGHT_DECAY, device)
     budget = TrainingBudget(config.steps, config.time_limit_s)
@@ -420,8 +426,6 @@ def train_world_model(
     shape = dict(image_size=image_size, action_dim=action_dim, latent_shape=list(latents_all.shape[1:]), size=config.size)
     if config.context_channels:  # only when set, so that checkpoints from before the option still resume
         shape["context_channels"] = True
-    if model.dit.null_actions:  # likewise
-        shape["null_actions"] = True
 
     step = 0
     checkpoint = latest_checkpoint(out)
@@ -445,7 +449,6 @@ def train_world_model(
     std_t = torch.as_tensor(action_std, dtype=torch.float32, device=device)
     normalised_all = (actions_all - mean_t) / std_t  # (M, 13, A), once for every batch and self-forced sample
     loss_value, done, self_forced = float("nan"), step, 0
-    self_forcing_sigmas = sampler_sigmas(config.self_forcing_steps, config.shift) if config.self_forcing_steps else model.sigmas
     forced_per_step = round(config.self_forcing * config.batch_size)  # a fixed count: the compiled graphs see fixed shapes
     forced_rows = self_forced_rows(forced_per_step, config.batch_size)  # where they sit in the global batch: each rank its share
     has_previous = torch.nonzero(previous_all >= 0).flatten() if previous_all is not None else None
@@ -458,7 +461,6 @@ def train_world_model(
         if budget.out_of_time():  # checked first: a resumed run whose time is spent takes no step
             break
         index = torch.randint(num_clips, (config.batch_size,), generator=generator, device=device)
-        drop = action_drops(config, config.batch_size, generator, device)
         forcing = forced_per_step and budget.fraction(step) >= config.self_forcing_after
         if forcing:  # the forced rows become clips that have a predecessor, drawn uniformly among them
             pick = torch.randint(len(has_previous), (forced_per_step,), generator=generator, device=device)
@@ -471,9 +473,9 @@ def train_world_model(
             here = forced_rows[(forced_rows >= mine.start) & (forced_rows < mine.stop)]
             if len(here):
                 x0[here, :, 1] = self_forced_memory(forward, latents_all, normalised_all, previous_all, index[here],
-                                                    config.self_forcing_chunks, self_forcing_sigmas, generator)  # fmt: skip
+                                                    config.self_forcing_chunks, model.sigmas, generator)  # fmt: skip
             self_forced += forced_per_step
-        loss = flow_matching_loss(forward, x0, actions, config, generator, drop, rows=mine)
+        loss = flow_matching_loss(forward, x0, actions, config, generator, rows=mine)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         distributed.average_gradients(dit.parameters())
@@ -482,7 +484,7 @@ def train_world_model(
         scheduler.step()
         ema_step(ema, dit, min(config.ema_decay, (1 + step) / (10 + step)))
         done = step + 1
-        if done % config.log_every == 0 or done == config.steps:  # reading the loss waits for the GPU: only here
+        if done % log_every == 0 or done == config.steps:  # reading the loss waits for the GPU: only here
             loss_value = distributed.all_mean(float(loss.detach()))
             writer.add_scalar("wm/loss", loss_value, done)
             writer.add_scalar("wm/grad_norm", float(grad_norm), done)
@@ -493,7 +495,7 @@ def train_world_model(
             _log_samples(writer, ema, vae, latents_all[:4], normalised_all[:4], model.sigmas, done)
         if done % config.checkpoint_every == 0 and done < config.steps:
             save_checkpoint(out, done, modules, stateful, extra={"shape": shape, "seconds": budget.seconds()})
-    if done > first and done % config.log_every and done != config.steps:  # the last step's loss, when it was not logged
+    if done > first and done % log_every and done != config.steps:  # the last step's loss, when it was not logged
         loss_value = distributed.all_mean(float(loss.detach()))
     loop_seconds = time.time() - budget.started
     if main and done % config.sample_every and done < config.steps:  # stopped by the time limit: samples of the end state
@@ -527,17 +529,11 @@ def steps_trained(folder: str | Path) -> int | None:
 
 
 def load_init_weights(dit, init_dit) -> None:
-    """``init_dit``'s weights into the new ``dit``. One saved before it learned the "no action" condition
-    can be continued with action_dropout > 0: only the null tokens are new, and they start from its
-    zero-action tokens. Any other missing or unexpected weight is an error."""
+    """``init_dit``'s weights into the new ``dit``; a missing or unexpected weight is an error."""
     missing, unexpected = dit.load_state_dict({k: v.float() for k, v in init_dit.state_dict().items()}, strict=False)
-    if unexpected or set(missing) - {"null_action_tokens"}:
+    if unexpected or missing:
         raise ValueError(f"--init world model's DiT does not match this one: "
                          f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")  # fmt: skip
-    if missing:
-        dit.init_null_action_tokens()
-        print("--init world model has no 'no action' condition: its weights are loaded and the new null action tokens "
-              "(world_model.action_dropout > 0) start from its zero-action tokens", flush=True)  # fmt: skip
 
 
 @torch.no_grad()
@@ -559,14 +555,6 @@ def compiled(dit, config: WorldModelConfig, device: torch.device):
     return torch.compile(dit, dynamic=False)
 
 
-def action_drops(config: WorldModelConfig, batch: int, generator: torch.Generator, device: torch.device) -> torch.Tensor | None:
-    """(batch,) bool: the clips that learn the "no action" condition, each with probability ``config.action_dropout``;
-    None, and no random draw, when it is 0, so runs without it keep their random stream."""
-    if not config.action_dropout:
-        return None
-    return torch.rand(batch, device=device, generator=generator) < config.action_dropout
-
-
 def self_forced_rows(count: int, batch: int) -> torch.Tensor:
     """The rows of a global batch of ``batch`` that hold the ``count`` self-forced clips: the first rows of each rank's
     share, as evenly as they split (in one process, the first ``count`` rows)."""
@@ -576,15 +564,13 @@ def self_forced_rows(count: int, batch: int) -> torch.Tensor:
 
 
 def flow_matching_loss(
-    dit, x0: torch.Tensor, actions: torch.Tensor, config: WorldModelConfig, generator: torch.Generator, drop: torch.Tensor | None = None,
-    rows: slice = slice(None),
+    dit, x0: torch.Tensor, actions: torch.Tensor, config: WorldModelConfig, generator: torch.Generator, rows: slice = slice(None),
 ) -> torch.Tensor:
     """The DiT's rectified-flow loss on clips ``x0`` (B, C, 4, h, w) [reference, memory, future, future]
     with normalised ``actions`` (B, 13, A): the future latents are noised to ``(1 - sigma) x0 + sigma eps``
     (sigma time-shifted), the memory latent lightly (context-noise augmentation, up to
-    ``config.context_noise``; the reference stays clean when it is the first frame), and the DiT's
-    velocity is regressed on ``eps - x0`` over the future slots. ``drop`` (B,) bool: clips that see the
-    "no action" condition instead of their actions. ``rows``: the clips the DiT sees (a rank's share of the global
+    ``CONTEXT_NOISE``; the reference, the episode's first frame, stays clean), and the DiT's
+    velocity is regressed on ``eps - x0`` over the future slots. ``rows``: the clips the DiT sees (a rank's share of the global
     batch); the noise is drawn for all B, so each clip's noise is the same whatever the share."""
     batch = x0.shape[0]
     device = x0.device
@@ -593,16 +579,15 @@ def flow_matching_loss(
     noise = torch.randn(future.shape, device=device, generator=generator)
     s = sigma.view(-1, 1, 1, 1, 1)
     noisy_future = (1 - s) * future + s * noise
-    context_sigma = torch.rand(batch, 2, device=device, generator=generator) * config.context_noise
-    if config.reference_frame:
-        context_sigma[:, 0] = 0.0
+    context_sigma = torch.rand(batch, 2, device=device, generator=generator) * CONTEXT_NOISE
+    context_sigma[:, 0] = 0.0
     context_noise = torch.randn(context.shape, device=device, generator=generator)
     cs = context_sigma.view(batch, 1, 2, 1, 1)
     noisy_context = (1 - cs) * context + cs * context_noise
     sigmas = torch.cat([context_sigma, sigma[:, None].expand(-1, future.shape[2])], dim=1)  # (B, 4)
     noisy = torch.cat([noisy_context, noisy_future], dim=2)[rows]
     with autocast(device):
-        velocity = dit(noisy, sigmas[rows], actions[rows], drop=None if drop is None else drop[rows])
+        velocity = dit(noisy, sigmas[rows], actions[rows])
     return F.mse_loss(velocity[:, :, 2:].float(), (noise - future)[rows])
 
 
