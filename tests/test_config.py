@@ -78,7 +78,7 @@ def test_saved_config_round_trips(tmp_path):
     assert load_saved_config(tmp_path) == config
 
 
-LEAF_KNOBS = 131
+LEAF_KNOBS = 133
 """The most leaf fields the schema may hold."""
 
 

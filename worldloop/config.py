@@ -133,8 +133,6 @@ RETIRED: dict[str, tuple[Any, str]] = {
     "reward.classifier.conditioning": ("task", "the judge is always FiLM-conditioned on the task; remove the key"),
     **{f"reward.{section}.augment": (True, "the judge always trains on frames degraded like world-model output; remove the key")
        for section in ("classifier", "training")},
-    "rl.gamma": (0.99, "remove the key (worldloop.rl.trainer.GAMMA)"),
-    "rl.gae_lambda": (0.95, "remove the key (worldloop.rl.trainer.GAE_LAMBDA)"),
     "policy.num_bins": (256, "remove the key (worldloop.policies.tokenizer.NUM_BINS)"),
     "vae.clip_frames": (13, "remove the key (worldloop.worldmodel.train.VAE_CLIP_FRAMES: the world model's 4 latent frames)"),
     "reward.topreward.window": (16, "remove the key (worldloop.rewards.topreward.WINDOW: the previous and the current chunk)"),

@@ -69,7 +69,7 @@ class RLConfig:
     """Masked GRPO (or PPO) on a vectorised, chunked environment: the imagined one by default."""
 
     algorithm: Literal["grpo", "ppo"] = "grpo"
-    """'grpo': group-relative advantages, no critic. 'ppo': value head, GAE (worldloop.rl.trainer.GAMMA, GAE_LAMBDA) and clipped value loss."""
+    """'grpo': group-relative advantages, no critic. 'ppo': value head, GAE (gamma, gae_lambda) and clipped value loss."""
     iterations: int = 100
     """RL iterations; each collects one batch of rollouts and updates the policy on it."""
     group_size: int = 8
@@ -141,6 +141,10 @@ class RLConfig:
     """Weight of the entropy bonus (0: none)."""
     kl_coef: float = 0.0
     """Weight of a KL penalty towards the starting policy (k3 estimator); 0: no KL and no reference copy is kept."""
+    gamma: float = 0.99
+    """PPO: discount per chunk in GAE."""
+    gae_lambda: float = 0.95
+    """PPO: GAE lambda."""
     eval_every: int = 10
     """Real-simulator evaluation (and the imagined one from the same initial states) every this many iterations; 0: only before and after training."""
     eval_tasks: list[str] = field(default_factory=list)
@@ -207,6 +211,8 @@ class RLConfig:
             raise ValueError(f"time_limit_min must be >= 0, got {self.time_limit_min}")
         if self.entropy_coef < 0 or self.kl_coef < 0:
             raise ValueError("entropy_coef and kl_coef must be >= 0")
+        if not (0 < self.gamma <= 1 and 0 <= self.gae_lambda <= 1):
+            raise ValueError(f"0 < gamma <= 1 and 0 <= gae_lambda <= 1 are required, got {self.gamma} and {self.gae_lambda}")
         if min(self.eval_every, self.eval_episodes_per_task) < 0:
             raise ValueError("eval_every and eval_episodes_per_task must be >= 0")
         if self.refine_every < 0 or self.refine_episodes_per_task < 1 or self.refine_steps < 1:

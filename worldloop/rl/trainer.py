@@ -56,10 +56,6 @@ VALUE_CLIP = 0.2
 """PPO: clip range of the value update around the rollout's value estimate."""
 VALUE_COEF = 0.5
 """PPO: weight of the value loss."""
-GAMMA = 0.99
-"""PPO: discount per chunk in GAE."""
-GAE_LAMBDA = 0.95
-"""PPO: GAE lambda."""
 
 
 def train(
@@ -128,7 +124,7 @@ def train(
         # 3. Advantages: group-relative (GRPO) or GAE (PPO); groups that all fail or all succeed carry no signal.
         returns = None
         if ppo:
-            advantages, returns = gae(rollout.rewards, rollout.values, rollout.done, rollout.terminated, rollout.last_values, GAMMA, GAE_LAMBDA)
+            advantages, returns = gae(rollout.rewards, rollout.values, rollout.done, rollout.terminated, rollout.last_values, rl.gamma, rl.gae_lambda)
             keep = torch.ones(num_envs, dtype=torch.bool, device=device)
         else:
             advantages = grpo_advantages(scores, group_size)[:, None].expand(-1, num_chunks)  # (N, T)
