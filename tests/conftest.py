@@ -30,22 +30,18 @@ TINY_OVERRIDES = [
 """A real collection of 2 MT10 tasks x 2 episodes (episode 0 clean, episode 1 noisy), 48 steps at most."""
 
 
-_TINY_DATASET: list[Path] = []  # built once per test run, by the first test that asks
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_dataset(tmp_path_factory) -> Path:
     """Root of a LeRobot v3.0 dataset made by a real ``collect`` (read it with TrajectoryDataset).
 
     2 tasks (reach, button-press-topdown) x 2 episodes at 64x64, at most 48 steps each; the clean
-    reach episode succeeds, so it holds successes and failures. Shared by every test: treat as read-only.
+    reach episode succeeds, so it holds successes and failures. Built once per test run, by the first
+    test that asks, and shared by every test: treat as read-only.
     """
-    if not _TINY_DATASET:
-        from worldloop.config import load_config
-        from worldloop.data.collect import collect
+    from worldloop.config import load_config
+    from worldloop.data.collect import collect
 
-        config = load_config("tiny-cpu", TINY_OVERRIDES)
-        root = tmp_path_factory.mktemp("tiny_dataset") / "dataset"
-        collect(config, root, episodes_per_task=2, progress=False)
-        _TINY_DATASET.append(root)
-    return _TINY_DATASET[0]
+    config = load_config("tiny-cpu", TINY_OVERRIDES)
+    root = tmp_path_factory.mktemp("tiny_dataset") / "dataset"
+    collect(config, root, episodes_per_task=2, progress=False)
+    return root

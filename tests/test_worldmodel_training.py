@@ -154,13 +154,15 @@ def test_train_vae_writes_a_loadable_folder_and_metrics(tmp_path):
         vae_lib.load_vae(tmp_path / "missing")
 
 
-def test_train_vae_continues_from_an_earlier_vae_with_init(tmp_path):
+def test_train_vae_continues_from_an_earlier_vae_with_init(tmp_path, monkeypatch):
     """vae.init: training starts from an earlier train-vae's weights (a VAE grows over several runs), not from a
     fresh initialisation; its latent statistics are measured again; pretrained and init together are refused."""
     from worldloop.config import ConfigError, load_config
 
     episodes = square_episodes(3, seed=2, length=12)
+    skip_vae_measurements(monkeypatch)  # the earlier VAE only gives its weights: its statistics are constants
     train_vae(VAEConfig(steps=3, batch_size=2), episodes[:2], episodes[2:], tmp_path / "a", CPU)
+    monkeypatch.undo()  # the continued one measures its own
     earlier = vae_lib.load_vae(tmp_path / "a").state_dict()
     fresh = vae_lib.build_vae(VAEConfig()).state_dict()
     tiny_step = VAEConfig(steps=1, batch_size=2, lr=1e-12, init=str(tmp_path / "a"))
