@@ -117,12 +117,13 @@ def test_reset_starts_from_the_fixed_initial_state_of_the_seed(spatial_env):
 
 
 @needs_libero
-def test_spatial_expert_puts_the_bowl_on_the_plate():
+@pytest.mark.parametrize("task, init_state", [("libero_spatial-0", 7), ("libero_spatial-4", 18)])  # 4: the bowl in the drawer
+def test_spatial_expert_puts_the_bowl_on_the_plate(task, init_state):
     from worldloop.sims.libero import LiberoVecEnv
 
-    config = SimConfig(backend="libero", suite="libero_spatial", tasks=["libero_spatial-0"], camera="agentview", num_workers=1)
+    config = SimConfig(backend="libero", suite="libero_spatial", tasks=[task], camera="agentview", num_workers=1)
     with LiberoVecEnv(config, num_envs=1, render=False) as env:
-        env.reset([0], [7])
+        env.reset([0], [init_state])
         success, done = False, False
         while not done:
             step, actions = env.step_expert()

@@ -83,7 +83,9 @@ class LiberoTask:
 
     def _observe(self, observation: dict) -> dict:
         sim = self.env.env.sim
-        observation["positions"] = {name: sim.data.body_xpos[body].copy() for name, body in self.env.env.obj_body_id.items()}
+        bodies = self.env.env.obj_body_id.items()
+        observation["positions"] = {name: sim.data.body_xpos[body].copy() for name, body in bodies}
+        observation["quaternions"] = {name: sim.data.body_xquat[body].copy() for name, body in bodies}  # wxyz
         return observation
 
     def reset(self, seed: int) -> dict:

@@ -3,7 +3,8 @@
 Every LIBERO-Spatial task is "pick up the black bowl <somewhere> and place it on the plate": the
 goal predicate ``(On <bowl> <plate>)`` names the bowl and the plate. The expert grasps the bowl's
 rim from above on the side with the most free space (the gripper's fingers close along the radius,
-so the wrist yaws 90 degrees for the +-x sides), lifts it clear of whatever it stood on or in,
+so the wrist yaws 90 degrees for the +-x sides; a bowl in the cabinet's open drawer is grasped toward a front
+corner of the drawer, the fingers half open), lifts it clear of whatever it stood on or in,
 carries it over the plate while tracking where the held bowl actually is, lowers it and lets go.
 
 Actions are LIBERO's 7-dim OSC_POSE deltas in [-1, 1]: xyz (x 0.05 m), rotation as a world-frame
@@ -45,7 +46,15 @@ def obstacle_radius(name: str) -> float:
 
 
 DRAWER_REACH = 0.2
-"""A bowl closer than this (m, horizontally) to the wooden cabinet's centre lies in its open drawer."""
+"""A bowl closer than this (m, horizontally) to the wooden cabinet's centre lies in its open drawer (or on the cabinet)."""
+DRAWER_CORNER = np.array([np.cos(np.radians(30)), np.sin(np.radians(30))])
+"""Grasp direction (in the wooden cabinet's frame, up to signs) for a bowl in its top drawer: 30 degrees from across
+the drawer toward its front, between the side wall and the front panel."""
+DRAWER_OPENING = 0.02
+"""How far (m) each finger stands open while reaching into the drawer (fully open: 0.04): the outer finger then
+clears the drawer's walls by ~2 cm; the rim is 3 mm thick."""
+CABINET_TOP = 0.2
+"""A bowl lower than this (m) above the wooden cabinet's origin lies in its top drawer, not on the cabinet."""
 
 SIDES = np.array([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]])
 """Directions (world xy) from the bowl's centre to the candidate grasp points."""
@@ -68,6 +77,7 @@ class SpatialExpert:
         self.target_rotation: Rotation | None = None
         self.hold_offset: np.ndarray | None = None  # end effector minus bowl while held (world)
         self.lift_z = 0.0
+        self.opening: float | None = None  # how far each finger stands open before the grasp (None: fully)
 
     @classmethod
     def for_env(cls, env) -> "SpatialExpert":
@@ -83,23 +93,35 @@ class SpatialExpert:
 
     def _rank_sides(self, observation: dict, positions: dict[str, np.ndarray]) -> list[np.ndarray]:
         """Grasp sides, best first: by how far the rim point is from every other object's extent."""
-        centre = observation[f"{self.bowl}_pos"][:2]
-        cabinet = next((positions[n] for n in self.obstacles if n.startswith("wooden_cabinet") and n in positions), None)
-        raised = observation[f"{self.bowl}_pos"][2] > TABLE_HEIGHT + 0.08
-        if cabinet is not None and raised and np.linalg.norm(centre - cabinet[:2]) < DRAWER_REACH:
-            return [SIDES[0], SIDES[1]]  # in the drawer (or on the cabinet): the drawer's front and back walls leave room only along x
+        bowl = observation[f"{self.bowl}_pos"]
+        centre = bowl[:2]
+        cabinet = next((n for n in self.obstacles if n.startswith("wooden_cabinet") and n in positions), None)
+        raised = bowl[2] > TABLE_HEIGHT + 0.08
+        if cabinet is not None and raised and np.linalg.norm(centre - positions[cabinet][:2]) < DRAWER_REACH:
+            if bowl[2] - positions[cabinet][2] < CABINET_TOP:
+                # In the open top drawer, which slides out along the cabinet's -y axis. The open hand's outer finger
+                # reaches ~10 cm from the bowl's centre: straight across the drawer (the cabinet's x axis) it grazes
+                # the side wall, straight along it the front panel; toward a front corner it clears both. The corner
+                # nearer the robot (at -x) first: the far side is at the edge of the arm's reach.
+                yaw = Rotation.from_quat(observation["quaternions"][cabinet], scalar_first=True).as_euler("xyz")[2]
+                corners = [DRAWER_CORNER * [1, -1], DRAWER_CORNER * [-1, -1]]
+                sides = [Rotation.from_euler("z", yaw).apply([*corner, 0.0])[:2] for corner in corners]
+                self.opening = DRAWER_OPENING
+                return sorted(sides, key=lambda side: side[0])
+            return [SIDES[0], SIDES[1]]  # on the cabinet: from +x, then -x
         others = [(positions[n][:2], obstacle_radius(n)) for n in self.obstacles + [self.plate] if n in positions]
         scores = [min((np.linalg.norm(centre + RIM_RADIUS * side - o) - radius for o, radius in others), default=1.0) for side in SIDES]
         return [SIDES[i] for i in sorted(range(len(SIDES)), key=lambda i: (-round(scores[i], 3), i))]
 
     def _use_side(self, side: np.ndarray) -> None:
         self.side = side
-        yaw = np.pi / 2 if abs(side[0]) > 0.5 else 0.0
+        # the fingers close along world y at the start: turn them to close along `side`, by at most 90 degrees either way
+        yaw = np.pi / 2 - (np.pi - np.arctan2(side[1], side[0])) % np.pi
         self.target_rotation = Rotation.from_euler("z", yaw) * self.home_rotation
 
     def get_action(self, observation: dict) -> np.ndarray:
-        """The (7,) float32 action for ``observation``: LIBERO's observation dict, plus ``"positions"``,
-        the world position of every object and fixture (the obstacles)."""
+        """The (7,) float32 action for ``observation``: LIBERO's observation dict, plus ``"positions"`` and
+        ``"quaternions"`` (wxyz), the world pose of every object and fixture (the obstacles)."""
         positions = observation["positions"]
         eef = observation["robot0_eef_pos"]
         rotation = Rotation.from_quat(observation["robot0_eef_quat"])  # robosuite quats are xyzw
@@ -111,7 +133,7 @@ class SpatialExpert:
             self._use_side(self.sides.pop(0))
             self.lift_z = min(max(bowl[2] + GRASP_HEIGHT + CLEARANCE, TRAVEL_HEIGHT), HIGHEST)
         grasp = np.array([*(bowl[:2] + RIM_RADIUS * self.side), bowl[2] + GRASP_HEIGHT])
-        gripper = OPEN
+        gripper = OPEN if self.opening is None or self.phase not in ("approach", "descend") else self._half_open(observation)
         phase = self.phase
         if phase == "approach":  # above the grasp point at travel height, wrist turned
             target = np.array([grasp[0], grasp[1], self.lift_z])
@@ -157,6 +179,12 @@ class SpatialExpert:
 
     def _reached(self, position: np.ndarray, target: np.ndarray, tolerance: float) -> bool:
         return bool(np.linalg.norm(np.asarray(target) - position) < tolerance)
+
+    def _half_open(self, observation: dict) -> float:
+        """The gripper command that brings the fingers to ``self.opening``: robosuite moves the fingers' target a
+        quarter of their travel per step while the command is +-1 and holds it at 0."""
+        finger = observation["robot0_gripper_qpos"][0]
+        return CLOSE if finger > self.opening + 0.003 else OPEN if finger < self.opening - 0.003 else 0.0
 
     def _turned(self, rotation: Rotation) -> bool:
         return (self.target_rotation * rotation.inv()).magnitude() < 0.1
