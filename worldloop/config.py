@@ -46,10 +46,8 @@ class ConfigError(ValueError):
 
 RENAMED: dict[str, str] = {
     "rl.eval_imagined_actions_in_reality": "rl.diagnostics.imagined_actions_in_reality",
-    "rl.eval_imagination_repeat": "rl.diagnostics.imagination_repeat",
     "rl.judge_threshold_per_task": "rl.diagnostics.threshold_per_task",
     "rl.stop_when_real_falls_se": "rl.diagnostics.stop_when_real_falls_se",
-    "rl.drop_imagined_only": "rl.diagnostics.drop_imagined_only",
     "rl.reality_through_codec": "rl.diagnostics.reality_through_codec",
     "rl.eval_videos_per_task": "eval.videos_per_task",
     "rl.judge_threshold_tolerance_se": "reward.calibrate.threshold_tolerance_se",
@@ -137,6 +135,15 @@ RETIRED: dict[str, tuple[Any, str]] = {
     "vae.clip_frames": (13, "remove the key (worldloop.worldmodel.train.VAE_CLIP_FRAMES: the world model's 4 latent frames)"),
     "reward.topreward.window": (16, "remove the key (worldloop.rewards.topreward.WINDOW: the previous and the current chunk)"),
     "world_model.gradient_checkpointing": (ANY_VALUE, "the DiT trains without it (the GPU preset had it off: batch 256 fits, compiled); remove the key"),
+    # 2026-12-04, fourth pass: diagnostics that ran once, knobs no preset moved, and settings a verb's option or a fixed share now holds
+    **{key: (False, "a task whose success rises in imagination only is named by rl's warning; leave it out with rl.train_tasks or --tasks")
+       for key in ("rl.drop_imagined_only", "rl.diagnostics.drop_imagined_only")},
+    **{key: (False, "remove the key (measured once, in docs/experiments/2026-12-04-grown-world-model-tracks-door-open.md)")
+       for key in ("rl.eval_imagination_repeat", "rl.diagnostics.imagination_repeat")},
+    "rl.lr_warmup_steps": (16, "remove the key (worldloop.rl.trainer.LR_WARMUP_STEPS)"),
+    "rl.target_kl": (None, "remove the key (no run stopped an update early: the learning rate warms up instead)"),
+    "rl.max_grad_norm": (1.0, "remove the key (worldloop.rl.trainer.MAX_GRAD_NORM)"),
+    "rl.kir_failure_episodes_per_task": (ANY_VALUE, "`worldloop kir --policy MODEL --failure-episodes N` takes it"),
 }
 """Keys that are gone: old dotted name -> (the value the code now always uses, what to do instead).
 A user's preset or override that sets one stops with an error naming it; a saved config or model folder

@@ -9,8 +9,7 @@ the start of a run, after each iteration and at its end. :class:`RunMonitor`:
   ``OUT/evaluations.json`` at once);
 - turns each check and each iteration's metrics into warnings (:mod:`worldloop.diagnostics.warnings`);
 - stops the run when real success falls (``rl.diagnostics.stop_when_real_falls_se``, keeping the weights of the last
-  check at which it held), when no training task is left (``rl.diagnostics.drop_imagined_only``) or when
-  ``rl.time_limit_min`` would be passed.
+  check at which it held) or when ``rl.time_limit_min`` would be passed.
 """
 
 from __future__ import annotations
@@ -23,13 +22,11 @@ import torch
 from tqdm import tqdm
 
 from worldloop.diagnostics.warnings import (
-    DROPPED,
     REAL_FELL,
     SILENT_ITERATIONS,
     imagination_gap_diagnosis,
     imagination_tracking_diagnosis,
     imagined_only_gain_diagnosis,
-    imagined_only_tasks,
     real_success_fall,
     silence_diagnosis,
     time_is_up,
@@ -38,7 +35,7 @@ from worldloop.diagnostics.warnings import (
 )
 from worldloop.rl.configuration import RLConfig
 from worldloop.rl.rollout import tracking_line
-from worldloop.rl.summary import _agreement, _rate, gap_steps, imagination_repeat_line, imagined_actions_line, since_first_line, sources_line
+from worldloop.rl.summary import _agreement, _rate, gap_steps, imagined_actions_line, since_first_line, sources_line
 from worldloop.rl.trainer import train
 from worldloop.utils.io import atomic_path, atomic_write_json
 
@@ -47,19 +44,15 @@ class RunMonitor:
     """The reality checks, warnings and stop rules of one run (see the module's docstring).
 
     ``reality_check``: called as ``reality_check(policy, name)`` and returning its result (a
-    :class:`worldloop.diagnostics.reality.RealityCheck`); None: warnings and the time budget only. ``training_task_of``: a
-    reality check's task name -> its id among the trainer's tasks (default: the name itself), for
-    rl.diagnostics.drop_imagined_only (the imagined env's tasks are instructions, the check's simulator task names)."""
+    :class:`worldloop.diagnostics.reality.RealityCheck`); None: warnings and the time budget only."""
 
-    def __init__(self, rl: RLConfig, out: str | Path, reality_check: Callable[[Any, str], dict[str, Any]] | None = None,
-                 training_task_of: Callable[[str], int | str] | None = None, console: bool = True):  # fmt: skip
-        self.rl, self.out, self.reality_check, self.training_task_of, self.console = rl, Path(out), reality_check, training_task_of, console
+    def __init__(self, rl: RLConfig, out: str | Path, reality_check: Callable[[Any, str], dict[str, Any]] | None = None, console: bool = True):
+        self.rl, self.out, self.reality_check, self.console = rl, Path(out), reality_check, console
         self.held_path = self.out / "policy_held.pt"  # the weights of the last check at which real success held
         self.evaluations: list[dict[str, Any]] = []
         self.warnings: list[dict[str, Any]] = []
         self.silent = 0  # consecutive GRPO iterations in which every group was filtered out
         self.fell: dict[str, Any] | None = None  # rl.diagnostics.stop_when_real_falls_se: the check at which real success fell
-        self.tasks: list[int | str] = []
         self.writer: Any = None
         self.eval_seconds = 0.0  # the latest check's duration, what the final one is expected to take
         self.slowest_iteration = 0.0
@@ -76,23 +69,22 @@ class RunMonitor:
         self.eval_seconds = self.evaluations[-1].get("seconds", 0.0) if self.evaluations else 0.0
         self.slowest_iteration = max((h["time/iteration"] for h in history), default=0.0)
 
-    def start(self, policy: Any, iteration: int, tasks: list[int | str], writer: Any) -> list[int | str]:
-        """At the run's start (or resume): the first reality check when none was made; returns the tasks to train on."""
-        self.tasks, self.writer = list(tasks), writer
+    def start(self, policy: Any, iteration: int, writer: Any) -> None:
+        """At the run's start (or resume): the first reality check when none was made."""
+        self.writer = writer
         self.run_began = time.perf_counter()  # rl.time_limit_min counts from here, the first check included
         if self.reality_check is not None and iteration == 0:
             self.evaluate(policy, 0)
             self.held_or_fallen(policy, 0)
-        return [task for task in self.tasks if task not in self.dropped_tasks()]
 
     @property
     def stopped(self) -> bool:
         """Real success has fallen (rl.diagnostics.stop_when_real_falls_se): no more training."""
         return self.fell is not None
 
-    def after_iteration(self, policy: Any, iteration: int, metrics: dict[str, float]) -> tuple[list[int | str] | None, bool]:
+    def after_iteration(self, policy: Any, iteration: int, metrics: dict[str, float]) -> bool:
         """After ``iteration`` iterations: warnings from its ``metrics``, the reality check when one is due.
-        Returns (the training tasks left, None when unchanged; whether the run ends here)."""
+        Returns whether the run ends here."""
         self.diagnose_update(iteration, metrics)
         self.slowest_iteration = max(self.slowest_iteration, metrics["time/iteration"])
         checking = self.reality_check is not None
@@ -100,23 +92,20 @@ class RunMonitor:
         out_of_time = time_is_up(time.perf_counter() - self.run_began, self.slowest_iteration, self.eval_seconds if checking else 0.0,
                                  evaluating, self.rl.time_limit_min)  # fmt: skip
         last = iteration == self.rl.iterations or out_of_time
-        left = None
         if checking and (last or evaluating):
             self.evaluate(policy, iteration)
             self.fell = self.held_or_fallen(policy, iteration)
-            left = self.still_training(iteration)
         if out_of_time and self.console:
             tqdm.write(f"rl: time limit of {self.rl.time_limit_min} min reached after {iteration} iterations")
-        return left, last or self.stopped or left == []
+        return last or self.stopped
 
     def finish(self, policy: Any) -> dict[str, Any]:
         """At the end: the weights of the last check at which real success held go back into ``policy`` when it fell;
-        returns what results.json adds (the checks, the warnings, why it stopped, the tasks dropped)."""
+        returns what results.json adds (the checks, the warnings, why it stopped)."""
         if self.fell and self.fell["policy_from"] != self.fell["iteration"]:
             device = next(policy.parameters()).device
             policy.load_state_dict(torch.load(self.held_path, map_location=device, weights_only=True)["policy"])
-        return {"evaluations": self.evaluations, "warnings": self.warnings, "stopped": self.fell,
-                "dropped_tasks": {str(task): at for task, at in self.dropped_tasks().items()}}  # fmt: skip
+        return {"evaluations": self.evaluations, "warnings": self.warnings, "stopped": self.fell}
 
     # -- the diagnostics ------------------------------------------------------------------------
 
@@ -167,12 +156,6 @@ class RunMonitor:
             if acted is not None:  # the imagined episodes' actions, done in the simulator
                 self.writer.add_scalar("eval/success_once_imagined_actions_in_reality", acted["success_once"], iteration)
                 line += f"\n  {imagined_actions_line(acted)}"
-            again = result.get("imagination_repeat")
-            if again is not None:  # the same actions in imagination under other noise
-                self.writer.add_scalar("eval/success_once_imagination_repeat", again["success_once"], iteration)
-                if again["kappa"] is not None:
-                    self.writer.add_scalar("eval/kappa_imagination_repeat", again["kappa"], iteration)
-                line += f"\n  {imagination_repeat_line(again)}"
             for row in result.get("tracking", []):
                 self.writer.add_scalar(f"eval/tracking/psnr_after_{row['chunks']}_chunks", row["psnr"], iteration)
                 self.writer.add_scalar(f"eval/tracking/psnr_initial_frame_after_{row['chunks']}_chunks", row["psnr_initial_frame"], iteration)
@@ -225,34 +208,12 @@ class RunMonitor:
              once=False)  # fmt: skip
         return {"iteration": iteration, "fallen": fallen, "policy_from": held}
 
-    def dropped_tasks(self) -> dict[int | str, int]:
-        """rl.diagnostics.drop_imagined_only: each training task that a reality check found gaining in imagination alone -> the
-        iteration of the first such check (from the evaluations alone: a resumed run finds the same)."""
-        dropped: dict[int | str, int] = {}
-        for result in self.evaluations[1:] if self.rl.diagnostics.drop_imagined_only else []:
-            for task in imagined_only_tasks(self.evaluations[0], result):
-                task = self.training_task_of(task) if self.training_task_of is not None else task
-                if task in self.tasks:
-                    dropped.setdefault(task, result["iteration"])
-        return dropped
-
-    def still_training(self, iteration: int) -> list[int | str]:
-        """The training tasks left after this evaluation; a task dropped at it is said."""
-        dropped = self.dropped_tasks()
-        new = [task for task, at in dropped.items() if at == iteration]
-        left = [task for task in self.tasks if task not in dropped]
-        if new:
-            rest = f"training goes on with {', '.join(map(str, left))}" if left else "no task is left: training stops"
-            self.warn(iteration, f"{DROPPED} at iteration {iteration}: {', '.join(map(str, new))} (success rising in imagination only; "
-                            f"rl.diagnostics.drop_imagined_only); {rest}", once=False)  # fmt: skip
-        return left
-
 
 def train_watched(policy: Any, env: Any, rl: RLConfig, out: str | Path, seed: int = 0, tasks: list[int | str] | None = None,
                   reality_check: Callable[[Any, str], dict[str, Any]] | None = None, refiner: Any | None = None, console: bool = True,
-                  progress_bar: bool = True, training_task_of: Callable[[str], int | str] | None = None) -> dict[str, Any]:  # fmt: skip
+                  progress_bar: bool = True) -> dict[str, Any]:
     """:func:`worldloop.rl.trainer.train` watched by a :class:`RunMonitor` over ``reality_check``: what ``worldloop rl`` runs."""
-    monitor = RunMonitor(rl, out, reality_check, training_task_of, console)
+    monitor = RunMonitor(rl, out, reality_check, console)
     return train(policy, env, rl, out, seed=seed, tasks=tasks, monitor=monitor, refiner=refiner, console=console, progress_bar=progress_bar)
 
 
@@ -289,7 +250,7 @@ def run_rl(config: Any, policy: Any, out: str | Path, imagined: bool, world_mode
             refiner = world_model_refiner(config, world_model, episodes, sim_tasks, out, calibration)
             closers.append(refiner.real_env)
         results = train_watched(policy, env, rl, out, seed=config.seed, tasks=instructions, reality_check=check, refiner=refiner,
-                                progress_bar=progress_bar, training_task_of=instruction_of if imagined else None)  # fmt: skip
+                                progress_bar=progress_bar)
     finally:
         for opened in closers:
             opened.close()

@@ -121,9 +121,7 @@ def check_diagnostics(rl, world_model: bool, judge: bool) -> None:
     """A clear error, before anything loads, for an rl.diagnostics switch (or rl.judge_threshold=replay) without what it measures with."""
     checks = world_model and judge and rl.eval_episodes_per_task > 0
     needs = f"--world-model, --judge and rl.eval_episodes_per_task > 0 (got {rl.eval_episodes_per_task})"
-    for on, does in ((rl.diagnostics.drop_imagined_only, "rl.diagnostics.drop_imagined_only=true compares real and imagined success at each reality check"),
-                     (rl.diagnostics.imagined_actions_in_reality, "rl.diagnostics.imagined_actions_in_reality=true replays the imagined episodes' actions in the simulator"),
-                     (rl.diagnostics.imagination_repeat, "rl.diagnostics.imagination_repeat=true replays the imagined episodes' actions in imagination"),
+    for on, does in ((rl.diagnostics.imagined_actions_in_reality, "rl.diagnostics.imagined_actions_in_reality=true replays the imagined episodes' actions in the simulator"),
                      (rl.judge_threshold == "replay", "rl.judge_threshold=replay replays real episodes in the world model")):  # fmt: skip
         if on and not checks:
             raise ConfigError(f"{does}: it needs {needs}")
@@ -286,15 +284,13 @@ class CheckOptions:
     """Episodes per task written as videos (the first ones)."""
     imagined_actions_in_reality: bool = False
     """rl.diagnostics.imagined_actions_in_reality: the imagined episodes' actions, open loop in the simulator."""
-    imagination_repeat: bool = False
-    """rl.diagnostics.imagination_repeat: the imagined episodes' actions, open loop in imagination again."""
 
     @classmethod
     def from_config(cls, config: Config, video_dir: str | Path | None = None) -> CheckOptions:
         """As the eval verb samples (eval.*) and rl.diagnostics asks; videos (eval.videos_per_task) when ``video_dir`` is given."""
         d = config.rl.diagnostics
         return cls(1.0, config.eval.greedy, None if video_dir is None else Path(video_dir),
-                   config.eval.videos_per_task if video_dir is not None else 0, d.imagined_actions_in_reality, d.imagination_repeat)  # fmt: skip
+                   config.eval.videos_per_task if video_dir is not None else 0, d.imagined_actions_in_reality)  # fmt: skip
 
 
 class RealityCheck:
@@ -326,12 +322,7 @@ class RealityCheck:
     what the policy did in imagination, against the imagined verdicts (``imagined_actions_in_reality``). Where
     imagination fails a task the simulator too fails with those actions, the policy acted worse on the imagined
     frames; where the simulator succeeds with them, the world model or the judge rendered them wrongly. Its
-    ``versus_closed_loop``: those actions' success against the policy's own in reality, paired per episode.
-
-    ``options.imagination_repeat``: the imagined episodes' action chunks also drive the imagined environment again, open loop
-    from the same frames under other world-model noise (``imagination_repeat``, its kappa against the first imagined
-    verdicts): how much of an imagined verdict the actions decide, and how much the world model's sampling noise.
-    RL in imagination can only learn what the actions decide."""
+    ``versus_closed_loop``: those actions' success against the policy's own in reality, paired per episode."""
 
     def __init__(
         self,
@@ -343,7 +334,6 @@ class RealityCheck:
         keyframe_env: Any | None = None,
         options: CheckOptions = CheckOptions(),
     ):
-        imagined_actions_in_reality, imagination_repeat = options.imagined_actions_in_reality, options.imagination_repeat
         count = len(tasks) * episodes_per_task
         if real_env.num_envs != count:
             raise ValueError(f"the real evaluation env has {real_env.num_envs} envs; {len(tasks)} tasks x {episodes_per_task} episodes need {count}")
@@ -353,10 +343,8 @@ class RealityCheck:
             # found now, not after a whole real evaluation: the imagined run starts from the real frames, and its judge reads them
             raise ValueError(f"the real evaluation env renders {real_env.image_size}x{real_env.image_size} frames but the imagined one "
                              f"{imagined_env.image_size}x{imagined_env.image_size}: evaluate at the world model's resolution (sim.image_size)")
-        if imagined_actions_in_reality and imagined_env is None:
+        if options.imagined_actions_in_reality and imagined_env is None:
             raise ValueError("imagined_actions_in_reality replays the imagined episodes' actions: it needs the imagined environment")
-        if imagination_repeat and imagined_env is None:
-            raise ValueError("imagination_repeat replays the imagined episodes' actions in imagination: it needs the imagined environment")
         if keyframe_env is not None and (imagined_env is None or keyframe_env.num_envs != count):
             raise ValueError(f"the keyframe evaluation needs the imagined one beside it and {count} envs")
         self.real_env, self.imagined_env, self.keyframe_env = real_env, imagined_env, keyframe_env
@@ -411,12 +399,6 @@ class RealityCheck:
                 # against the imagined verdicts: did what imagination called success (or failure) come true?
                 result["imagined_actions_in_reality"] = summarize(acted, self.task_of_episode) | self._versus_real(imagined.success_once, acted)
                 verdicts["imagined_actions_in_reality"] = acted
-            if self.options.imagination_repeat:
-                # the same actions from the same frames under other world-model noise: kappa near 1, the imagined verdict is
-                # the actions' (RL can learn it, right or wrong); near 0, it is the noise's (RL's reward is a coin)
-                again = replay(self.imagined_env, first, imagined, noise_seed_offset=len(self.seeds)).success
-                result["imagination_repeat"] = summarize(again, self.task_of_episode) | self._versus_real(imagined.success_once, again)
-                verdicts["imagination_repeat"] = again
             if self.keyframe_env is not None:
                 start = self.keyframe_env.reset(list(first.instructions), self.seeds)
                 from_keyframes = collect(policy, self.keyframe_env, start, self.options.temperature, self.options.greedy)

@@ -17,7 +17,6 @@ PESSIMISTIC = "the imagined environment is pessimistic"
 UNTRACKED = "the imagined environment does not track reality per episode"
 EXPLOITED = "the policy exploits the world model"
 IMAGINED_ONLY = "success rose in imagination only"
-DROPPED = "dropped from training"
 REAL_FELL = "real success fell"
 LARGE_UPDATE = "an update moved the policy far"
 LARGE_UPDATE_KL = 0.3  # healthy iterations of the H200 runs: approx_kl 0.01-0.07; the jumps: 0.54 and 1.43
@@ -40,8 +39,8 @@ def update_diagnosis(metrics: dict[str, float], iteration: int) -> str:
         return ""
     return (f"{LARGE_UPDATE}: in iteration {iteration}, approx_kl {kl:.2f} and clip fraction {metrics.get('actor/clip_fraction', 0.0):.2f} "
             "(healthy updates stay below ~0.05). A confident policy under a fresh optimizer does this in the first iterations "
-            "(docs/experiments/2026-12-01-first-rl-update-too-large.md): raise rl.lr_warmup_steps, lower rl.lr or stop the update early with "
-            "rl.target_kl")  # fmt: skip
+            "(docs/experiments/2026-12-01-first-rl-update-too-large.md; the learning rate warms up over "
+            "worldloop.rl.trainer.LR_WARMUP_STEPS optimizer steps): lower rl.lr")  # fmt: skip
 
 
 def silence_diagnosis(metrics: dict[str, float], iterations: int) -> str:
@@ -150,8 +149,8 @@ def imagined_only_gain_diagnosis(first: dict[str, Any], result: dict[str, Any], 
     changes = "; ".join(f"{task} {change}" for task, change in found.items())
     return (f"{IMAGINED_ONLY} on {', '.join(found)}: from iteration {first['iteration']} to {result['iteration']}, {changes} "
             "on the same initial states: RL has found actions that the world model and the judge call success and the simulator "
-            "does not. Its gains there are not real: leave the task out of training (rl.diagnostics.drop_imagined_only=true does so as soon "
-            "as this is seen, or rl.train_tasks), hold the policy nearer the base one (rl.kl_coef), or refine the world model on "
+            "does not. Its gains there are not real: leave the task out of training (rl.train_tasks, --tasks), hold the policy nearer the "
+            "base one (rl.kl_coef), or refine the world model on "
             "the policy's real rollouts (rl.refine_every); the real | replay | imagined videos show what it imagines")  # fmt: skip
 
 

@@ -18,12 +18,6 @@ class RLDiagnosticsConfig:
     imagination lowered door-open's real success while imagination said it rose in the thirteenth and fifteenth
     refinement-ab runs (0.46 -> 0.13, 0.49 -> 0.07). Each evaluation and task is one more look: with several of
     each, a fall of 2 standard errors by chance alone gets likely, so 3 suits long runs."""
-    drop_imagined_only: bool = False
-    """Stop training on a task from the first reality check that finds its closed-loop imagined success risen by more
-    than 3 paired standard errors since the first check while its real success has not risen by one (the warning
-    'success rose in imagination only'): RL is exploiting the world model there (drawer-open in four H200 runs).
-    The other training tasks take its groups; when none is left, training stops. Needs the reality check's imagined
-    run (--world-model, --judge, rl.eval_episodes_per_task > 0); results.json lists the tasks under dropped_tasks."""
     imagined_actions_in_reality: bool = False
     """At each reality check, also drive the simulator open loop, from the same initial states, by the closed-loop
     imagined episodes' action chunks: the simulator's verdict on what the policy did in imagination, with its kappa
@@ -31,13 +25,6 @@ class RLDiagnosticsConfig:
     0.04 imagined, 0.35 real) fails for the policy's actions on imagined frames or for the world model's rendering of
     them. One more real run per check (results.json imagined_actions_in_reality). Needs --world-model, --judge and
     rl.eval_episodes_per_task > 0."""
-    imagination_repeat: bool = False
-    """At each reality check, also drive the imagined environment open loop, from the same first frames, by the
-    closed-loop imagined episodes' own action chunks under other world-model noise, with the kappa of its verdicts
-    against the first ones: near 1, the actions decide what imagination judges (RL can learn it, whether reality
-    agrees or not); near 0, the sampling noise does and RL's reward is a coin toss (door-open's imagined success did
-    not move under RL, nor under shuffled rewards, in the 2026-12-04 shuffled-reward-control run). One more world-model run per
-    check (results.json imagination_repeat). Needs --world-model, --judge and rl.eval_episodes_per_task > 0."""
     reality_through_codec: bool = False
     """The policy observes the real simulator through the world model's VAE (worldloop/envs/codec.py), as it
     observes imagination: the reality checks (calibration, tracking, the stop rule) and, with --env real, the
@@ -119,20 +106,7 @@ class RLConfig:
     AdamW steps, not as many on fewer samples. The 2026-12-02 refinement-ab run, which split 1 kept group of 8 into 4,
     saw approx_kl 0.26 in such an iteration (docs/results.md)."""
     lr: float = 1e-5
-    """AdamW learning rate of the policy (constant after the warm-up)."""
-    lr_warmup_steps: int = 16
-    """Optimizer steps over which the learning rate rises linearly to ``lr``; 0: none. A fresh Adam's first
-    steps move every weight by about ``lr`` whatever its gradient's noise (its second-moment estimate is still
-    one gradient): without warm-up, the H200 runs' first iteration took a 100M-parameter SFT policy to
-    actor/approx_kl 0.54 and 1.43, 25-70 times the later iterations' median (docs/experiments/2026-12-01-first-rl-update-too-large.md)."""
-    target_kl: float | None = None
-    """Early stop of each iteration's update (CleanRL's target_kl, checked per minibatch): a minibatch whose
-    approx_kl to the rollout's policy, measured before its own step, exceeds this takes no step, and the
-    iteration's remaining minibatches and epochs are skipped (actor/update_steps counts the steps taken). The
-    first minibatch always steps, so one step can still overshoot; the warm-up counts only the steps taken.
-    null: every epoch runs."""
-    max_grad_norm: float = 1.0
-    """Gradient clipping by global norm (actor/grad_norm is the norm before clipping)."""
+    """AdamW learning rate of the policy (constant after the warm-up of worldloop.rl.trainer.LR_WARMUP_STEPS optimizer steps)."""
     clip_low: float = 0.2
     """Lower ratio clip: ratios below 1 - clip_low get no gradient when the advantage is negative."""
     clip_high: float = 0.28
@@ -173,8 +147,6 @@ class RLConfig:
     """Extra measurements, stop rules and the control arm (each off by default)."""
     checkpoint_every: int = 10
     """Save an atomic checkpoint every this many iterations (and at the end)."""
-    kir_failure_episodes_per_task: int = 4
-    """KIR with --policy: real rollouts of the policy per task whose failures give keyframes."""
 
     def validate(self) -> None:
         if self.iterations < 0 or self.group_size < 1 or self.num_groups < 1 or self.max_steps < 1:
@@ -198,12 +170,8 @@ class RLConfig:
             raise ValueError(f"train_temperature must be > 0, got {self.train_temperature}")
         if self.update_epochs < 1 or self.num_minibatches < 1:
             raise ValueError("update_epochs and num_minibatches must be >= 1")
-        if self.lr <= 0 or self.max_grad_norm <= 0:
-            raise ValueError("lr > 0 and max_grad_norm > 0 are required")
-        if self.lr_warmup_steps < 0:
-            raise ValueError(f"lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
-        if self.target_kl is not None and self.target_kl <= 0:
-            raise ValueError(f"target_kl must be > 0 or null, got {self.target_kl}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
         if not (0 < self.clip_low < 1 and self.clip_high > 0):
             raise ValueError("0 < clip_low < 1 and clip_high > 0 are required")
         self.diagnostics.validate()
@@ -217,5 +185,5 @@ class RLConfig:
             raise ValueError("eval_every and eval_episodes_per_task must be >= 0")
         if self.refine_every < 0 or self.refine_episodes_per_task < 1 or self.refine_steps < 1:
             raise ValueError("refine_every >= 0, refine_episodes_per_task >= 1 and refine_steps >= 1 are required")
-        if self.checkpoint_every < 1 or self.kir_failure_episodes_per_task < 0:
-            raise ValueError("checkpoint_every >= 1 and kir_failure_episodes_per_task >= 0 are required")
+        if self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")

@@ -218,10 +218,9 @@ def chunks_run(done: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.ones_like(done[:, :1]), ~done[:, :-1]], dim=1)
 
 
-def replay(env: Any, first: EnvReset, real: Rollout | LabelledEpisodes, noise_seed_offset: int = 0) -> Replay:
-    """The imagined ``env`` from the real run's initial observations, stepped by the real run's action chunks
-    (``noise_seed_offset``: under other world-model noise than the closed loop's from the same frames)."""
-    env.reset_to(first.frames, list(first.instructions), noise_seed_offset=noise_seed_offset)
+def replay(env: Any, first: EnvReset, real: Rollout | LabelledEpisodes) -> Replay:
+    """The imagined ``env`` from the real run's initial observations, stepped by the real run's action chunks."""
+    env.reset_to(first.frames, list(first.instructions))
     executed = chunks_run(real.done)
     success = torch.zeros_like(executed[:, 0])
     probability = torch.zeros(executed.shape, device=success.device)

@@ -43,9 +43,9 @@ class RLRun:
         self.history: list[dict[str, Any]] = []
         self.writer: SummaryWriter | None = None
 
-    def start(self, policy: Any, tasks: list) -> tuple[int, list, bool]:
-        """Resume from the latest checkpoint, if any. Returns the first iteration to run, the tasks to train on (the
-        monitor may have dropped some) and whether the run has already ended (a run that stopped stays stopped)."""
+    def start(self, policy: Any) -> tuple[int, bool]:
+        """Resume from the latest checkpoint, if any. Returns the first iteration to run and whether the run has
+        already ended (a run that stopped stays stopped)."""
         start = 0
         checkpoint = latest_checkpoint(self.out)
         if checkpoint is not None:
@@ -60,28 +60,27 @@ class RLRun:
             if self.monitor is not None:
                 self.monitor.restore(extra, self.history)
         self.writer = distributed.summary_writer(str(self.out / "tb"), purge_step=start)  # rank 0 writes
-        training_tasks = self.monitor.start(policy, start, tasks, self.writer) if self.monitor is not None else tasks
-        ended = (self.monitor is not None and self.monitor.stopped) or not training_tasks
-        return (start, *distributed.broadcast_object((training_tasks, ended)))  # rank 0's monitor decides for every rank
+        if self.monitor is not None:
+            self.monitor.start(policy, start, self.writer)
+        ended = self.monitor is not None and self.monitor.stopped
+        return start, distributed.broadcast_object(ended)  # rank 0's monitor decides for every rank
 
-    def after_iteration(self, policy: Any, done_iterations: int, metrics: dict[str, float], training_tasks: list) -> tuple[list, bool]:
+    def after_iteration(self, policy: Any, done_iterations: int, metrics: dict[str, float]) -> bool:
         """Log an iteration's metrics; the monitor watches (reality checks, warnings, stop rules); an atomic
-        checkpoint every rl.checkpoint_every iterations and at the end. Returns the tasks to train on next and
-        whether the run ends here."""
+        checkpoint every rl.checkpoint_every iterations and at the end. Returns whether the run ends here."""
         for name, value in metrics.items():
             self.writer.add_scalar(name, value, done_iterations)
         self.history.append({"iteration": done_iterations} | metrics)
         if self.console:
             tqdm.write(f"it {done_iterations}: " + " ".join(f"{name} {metrics[name]:.4g}" for name in SHOWN if name in metrics))
         ended = done_iterations == self.rl.iterations
-        decision = self.monitor.after_iteration(policy, done_iterations, metrics) if self.monitor is not None else (None, ended)
-        left, ended = distributed.broadcast_object(decision)  # under torchrun only rank 0 has a monitor
-        training_tasks = training_tasks if left is None else left
+        decision = self.monitor.after_iteration(policy, done_iterations, metrics) if self.monitor is not None else ended
+        ended = distributed.broadcast_object(decision)  # under torchrun only rank 0 has a monitor
         if ended or done_iterations % self.rl.checkpoint_every == 0:
             watched = self.monitor.state() if self.monitor is not None else {}
             save_checkpoint(self.out, done_iterations, self.modules, self.stateful,
                             {"history": self.history, "refining": self.refiner is not None} | watched, keep=KEEP_CHECKPOINTS)  # fmt: skip
-        return training_tasks, ended
+        return ended
 
     def finish(self, policy: Any) -> dict[str, Any]:
         """The final policy (OUT/policy), the refined world model (OUT/world_model), results.json, results.md and curves.png."""
@@ -95,7 +94,7 @@ class RLRun:
             self.refiner.save(self.out / "world_model")
         shuffled = self.rl.diagnostics.shuffled_scores
         results = {"iterations": len(self.history), "algorithm": self.rl.algorithm, "shuffled_scores": shuffled, "history": self.history,
-                   "evaluations": [], "warnings": [], "stopped": None, "dropped_tasks": {}} | watched  # fmt: skip
+                   "evaluations": [], "warnings": [], "stopped": None} | watched  # fmt: skip
         atomic_write_json(self.out / "results.json", results)
         fell = results["stopped"]
         stop_line = "" if not fell else (f"\nStopped at iteration {fell['iteration']}: real success fell ({'; '.join(fell['fallen'])}); "

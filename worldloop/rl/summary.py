@@ -73,8 +73,6 @@ def results_table(evaluations: list[dict[str, Any]], history: list[dict[str, Any
         lines += [row for result in sourced for row in sources_by_task_rows(result)]
     lines += _per_check(evaluations, "imagined_actions_in_reality",
                         "The simulator driven open loop by the closed-loop imagined episodes' actions, from the same initial states:", imagined_actions_line)
-    lines += _per_check(evaluations, "imagination_repeat",
-                        "The imagined episodes' actions in imagination again, from the same frames under other world-model noise:", imagination_repeat_line)
     rounds = [h for h in history if "world_model/refine_real_success" in h]
     if rounds:
         judged = any("world_model/judge_threshold" in h for h in rounds)  # rl.judge_threshold=replay: chosen again each round
@@ -140,13 +138,6 @@ def imagined_actions_line(acted: dict[str, Any]) -> str:
     if versus:  # absent in runs from before it
         line += f"\n  those actions against the policy's own in the simulator: {format_paired(versus)}; per task {_per_task_changes(versus)}"
     return line
-
-
-def imagination_repeat_line(again: dict[str, Any]) -> str:
-    """The imagined episodes' actions in imagination again under other noise: its success, and its kappa against the
-    first imagined verdicts, overall and per task ('-' where a task's verdicts are all alike)."""
-    return (f"the imagined episodes' actions in imagination again, other world-model noise: {_rate(again)}, against the first "
-            f"imagined verdicts kappa {_kappa(again)} (near 1: the actions decide them; near 0: the noise does); per task {_per_task_rates(again)}")
 
 
 def since_first_line(first: dict[str, Any], result: dict[str, Any]) -> str:

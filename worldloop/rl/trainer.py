@@ -10,8 +10,7 @@ One iteration, top to bottom (:func:`train`):
    valid length, optional entropy bonus, optional KL to the starting policy, PPO's clipped value loss;
 5. update: several epochs of shuffled minibatches of valid chunks (fewer when groups were dropped, so each
    holds as many trajectories as a full batch's), gradient clipping, AdamW whose
-   learning rate warms up linearly over the first optimizer steps; optionally stopped early once a
-   minibatch's approx_kl exceeds ``target_kl``;
+   learning rate warms up linearly over the first ``LR_WARMUP_STEPS`` optimizer steps;
 6. every ``refine_every`` iterations, when a refiner is given (:mod:`worldloop.rl.refine`), the world model
    learns from the policy's own real rollouts;
 7. the monitor, when given, watches: reality checks, warnings, stop rules and the time budget
@@ -56,6 +55,14 @@ VALUE_CLIP = 0.2
 """PPO: clip range of the value update around the rollout's value estimate."""
 VALUE_COEF = 0.5
 """PPO: weight of the value loss."""
+LR_WARMUP_STEPS = 16
+"""Optimizer steps over which the learning rate rises linearly to rl.lr (two iterations of the metaworld-gpu preset).
+A fresh Adam's first steps move every weight by about lr whatever its gradient's noise (its second-moment estimate
+is still one gradient): without warm-up, the H200 runs' first iteration took a 100M-parameter SFT policy to
+actor/approx_kl 0.54 and 1.43, 25-70 times the later iterations' median
+(docs/experiments/2026-12-01-first-rl-update-too-large.md)."""
+MAX_GRAD_NORM = 1.0
+"""Gradient clipping by global norm (actor/grad_norm is the norm before clipping)."""
 
 
 def train(
@@ -95,12 +102,12 @@ def train(
     tasks = list(tasks) if tasks is not None else list(range(len(getattr(env, "task_names", [0]))))
     parameters = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=rl.lr, weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / rl.lr_warmup_steps) if rl.lr_warmup_steps else 1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / LR_WARMUP_STEPS) if LR_WARMUP_STEPS else 1.0)
     reference = copy.deepcopy(policy).eval().requires_grad_(False) if rl.kl_coef > 0 else None  # rl.kl_coef's starting policy
     refiner = refiner if refiner is not None and rl.refine_every > 0 else None
     run = RLRun(out, rl, {"policy": policy} | ({"reference": reference} if reference is not None else {}),
                 {"optimizer": optimizer, "scheduler": scheduler}, refiner, monitor, console)  # fmt: skip
-    start, training_tasks, ended = run.start(policy, tasks)
+    start, ended = run.start(policy)
 
     progress = tqdm(range(start, start if ended else rl.iterations), initial=start, total=rl.iterations, desc="rl", disable=not (console and progress_bar))
     for iteration in progress:
@@ -108,7 +115,7 @@ def train(
 
         # 1. Collect G rollouts per initial state at the training temperature.
         policy.eval()
-        first = env.reset(*(starts[mine] for starts in group_starts(training_tasks, rl.num_groups, group_size, iteration, seed)))
+        first = env.reset(*(starts[mine] for starts in group_starts(tasks, rl.num_groups, group_size, iteration, seed)))
         rollout = collect(policy, env, first, temperature=rl.train_temperature)
         num_chunks = rollout.rewards.shape[1]
         if ppo and rollout.values is None:
@@ -136,39 +143,30 @@ def train(
         samples = weights.flatten().nonzero().squeeze(1)
         losses: dict[str, list[float]] = {}
         metrics["actor/lr"] = scheduler.get_last_lr()[0]  # at this iteration's first step (it rises within the warm-up)
-        update_steps, stopped = 0, False
+        update_steps = 0
         # As many trajectories per minibatch as with every group kept: dropped groups mean fewer steps, not
         # as many steps on fewer samples (each a full-size AdamW step on noisier data).
         minibatches = minibatches_per_epoch(rl.num_minibatches, distributed.all_mean(keep.float().mean().item()))
         policy.train()
         for _ in range(rl.update_epochs if distributed.all_sum(len(samples)) else 0):
             for batch in minibatches_of(samples[torch.randperm(len(samples)).to(device)], minibatches):
-                loss, stats = None, {"actor/approx_kl": 0.0}  # several ranks: one may have no sample left for a step every rank takes
+                loss = None  # several ranks: one may have no sample left for a step every rank takes
                 if len(batch):
                     loss, stats = minibatch_loss(policy, reference, rollout, advantages, returns, weights, batch, rl)
                     # The same weights that sampled the rollout: ~0 unless rollout and update compute log-probs differently.
                     metrics.setdefault("actor/approx_kl_before_update", stats["actor/approx_kl"])
                     for name, value in stats.items():
                         _append(losses, name, value)
-                # target_kl: this minibatch's approx_kl is measured before its own step, so stopping here, without
-                # its step, leaves the policy where that measure was taken (CleanRL steps the whole epoch, then checks);
-                # its measurements above stay in the iteration's means, which then show how far the update went.
-                # The first minibatch always steps: before any step, approx_kl is only the rollout-vs-update numerics.
-                if rl.target_kl is not None and update_steps and distributed.all_mean(stats["actor/approx_kl"]) > rl.target_kl:
-                    stopped = True
-                    break
                 optimizer.zero_grad(set_to_none=True)
                 if loss is not None:
                     loss.backward()
                 distributed.average_gradients(parameters)
-                grad_norm = torch.nn.utils.clip_grad_norm_(parameters, rl.max_grad_norm)
+                grad_norm = torch.nn.utils.clip_grad_norm_(parameters, MAX_GRAD_NORM)
                 optimizer.step()
-                scheduler.step()  # per optimizer step taken: a stopped update's skipped steps do not advance the warm-up
+                scheduler.step()
                 update_steps += 1
                 if loss is not None:
                     _append(losses, "actor/grad_norm", grad_norm)
-            if stopped:
-                break
         metrics |= {"actor/update_steps": float(update_steps), "time/update": time.perf_counter() - update_began}
 
         # 6. The world model learns what the updated policy really does, before RL can exploit what it renders wrongly.
@@ -177,11 +175,11 @@ def train(
 
         # 7. Log; the monitor watches (reality checks, warnings, stop rules); atomic checkpoints.
         metrics |= rollout_metrics(rollout, scores, advantages, keep, mask, weights, returns, group_size, env, ppo)
-        metrics |= {"rollout/valid_chunks": float(len(samples)), "rollout/training_tasks": float(len(training_tasks))}
+        metrics |= {"rollout/valid_chunks": float(len(samples))}
         metrics |= {name: sum(values) / len(values) for name, values in losses.items()}
         metrics["time/iteration"] = time.perf_counter() - began
         metrics = distributed.reduce_metrics(metrics)
-        training_tasks, ended = run.after_iteration(policy, iteration + 1, metrics, training_tasks)
+        ended = run.after_iteration(policy, iteration + 1, metrics)
         if ended:
             break
     return run.finish(policy)
