@@ -70,7 +70,7 @@ def _world_model_step(out: Path):
     from worldloop.worldmodel.configuration import WorldModelConfig
     from worldloop.worldmodel.train import train_world_model
 
-    config = WorldModelConfig(steps=1, batch_size=4, lr=1e-2, sample_every=1000, checkpoint_every=1000, sampling_steps=2,
+    config = WorldModelConfig(steps=1, batch_size=4, lr=1e-2, checkpoint_every=1000, sampling_steps=2,
                               clip_stride=4)  # fmt: skip
     _, counts = _counting_writes(train_world_model, config, square_episodes(3, seed=1, length=16), tiny_vae(), out, CPU)
     return counts

@@ -24,7 +24,7 @@ CPU = torch.device("cpu")
 
 
 def fast_config(**changes) -> WorldModelConfig:
-    base = dict(steps=6, batch_size=4, lr=1e-3, sample_every=1000, checkpoint_every=1000, sampling_steps=2, clip_stride=4)
+    base = dict(steps=6, batch_size=4, lr=1e-3, checkpoint_every=1000, sampling_steps=2, clip_stride=4)
     return WorldModelConfig(**{**base, **changes})
 
 
@@ -97,22 +97,23 @@ def test_resume_is_exact_and_resolution_is_checked(vae, tmp_path):
 
 
 def test_self_forcing_trains_on_the_models_own_memory(vae, tmp_path):
-    """Self-forcing starts at self_forcing_after of the budget and only touches clips that have a
+    """Self-forcing starts at SELF_FORCING_AFTER of the budget (3 of 10 steps) and only touches clips that have a
     predecessor one chunk earlier; ready-made clips without that link are refused by name."""
+    from worldloop.worldmodel.train import SELF_FORCING_AFTER
+
     episodes = square_episodes(3, seed=4, length=32)
-    train_world_model(fast_config(steps=8, clip_stride=2, self_forcing=1.0, self_forcing_after=0.5), episodes, vae, tmp_path / "sf", CPU)
-    forced = json.loads((tmp_path / "sf" / "results.json").read_text())["self_forced_clips_this_run"]
-    assert 0 < forced <= 4 * 4  # 4 steps of 4 clips after half the budget, clips without a predecessor kept real
-    train_world_model(fast_config(steps=8, clip_stride=2, self_forcing=1.0, self_forcing_after=1.0), episodes, vae, tmp_path / "late", CPU)
+    assert SELF_FORCING_AFTER == 0.3
+    train_world_model(fast_config(steps=10, clip_stride=2, self_forcing=1.0), episodes, vae, tmp_path / "sf", CPU)
+    assert json.loads((tmp_path / "sf" / "results.json").read_text())["self_forced_clips_this_run"] == 7 * 4  # steps 4-10, 4 clips each
+    train_world_model(fast_config(steps=8, clip_stride=2, self_forcing=1.0), episodes, vae, tmp_path / "late", CPU, self_forcing_after=1.0)
     assert json.loads((tmp_path / "late" / "results.json").read_text())["self_forced_clips_this_run"] == 0
     with pytest.raises(ValueError, match="previous"):
         train_world_model(fast_config(self_forcing=0.5), [], vae, tmp_path / "bump", CPU, clips=bump_clips(8, torch.Generator().manual_seed(0))[0])
 
 
-def test_self_forced_memory_rolls_out_up_to_self_forcing_chunks(vae, tmp_path, monkeypatch):
-    """A memory k chunks deep is k samples, each conditioned on the one before and driven by its clip's
-    actions, from the real memory of the clip k chunks earlier; k is drawn from 1..self_forcing_chunks
-    and cut at the episode's first clip."""
+def test_self_forced_memory_is_sampled_from_the_clip_one_chunk_earlier(vae, tmp_path, monkeypatch):
+    """A self-forced memory is one sample from the real context of the clip one chunk earlier, driven by that
+    clip's actions: what a rollout's second chunk sees."""
     from worldloop.worldmodel import train as train_lib
 
     # A fake sampler that adds its clip's marker action to the memory, so a result names its whole path.
@@ -123,21 +124,8 @@ def test_self_forced_memory_rolls_out_up_to_self_forcing_chunks(vae, tmp_path, m
     actions = torch.zeros(8, 13, 1)
     actions[:, 5, 0] = 2.0 ** torch.arange(8.0)  # clip i's marker: 2^i
 
-    def memories(clips: list[int], chunks: int) -> set[float]:
-        result = train_lib.self_forced_memory(None, latents, actions, previous, torch.tensor(clips), chunks, torch.zeros(2), torch.Generator().manual_seed(0))
-        return set(result.flatten().tolist())
-
-    from_4, from_3, from_2 = 400 + 16, 300 + 8 + 16, 200 + 4 + 8 + 16  # clip 5's memory from 1, 2, 3 chunks back
-    assert memories([5] * 60, 3) == {from_4, from_3, from_2}
-    assert memories([5] * 20, 1) == {from_4}
-    assert memories([7] * 20, 3) == {600 + 64}  # clip 6 starts its episode
-    monkeypatch.undo()
-    episodes = square_episodes(2, seed=4, length=40)
-    config = fast_config(steps=2, clip_stride=2, self_forcing=1.0, self_forcing_after=0.0, self_forcing_chunks=3)
-    train_world_model(config, episodes, vae, tmp_path / "sf3", CPU)
-    assert json.loads((tmp_path / "sf3" / "results.json").read_text())["self_forced_clips_this_run"] > 0
-    with pytest.raises(ValueError, match="self_forcing_chunks"):
-        WorldModelConfig(self_forcing_chunks=0).validate()
+    result = train_lib.self_forced_memory(None, latents, actions, previous, torch.tensor([5, 1, 7]), torch.zeros(2), torch.Generator().manual_seed(0))
+    assert result.flatten().tolist() == [400 + 16, 0 + 1, 600 + 64]  # clip 4's memory and marker; clip 0's; clip 6's
 
 
 def test_train_vae_writes_a_loadable_folder_and_metrics(tmp_path):
@@ -469,7 +457,7 @@ def test_bench_wm_train_times_the_real_training_loop(tmp_path, monkeypatch, caps
     calls, real = [], train_lib.train_world_model
 
     def recorded(config, *args, **kwargs):
-        calls.append((config.steps, config.self_forcing, config.self_forcing_after))
+        calls.append((config.steps, config.self_forcing, kwargs.get("self_forcing_after", train_lib.SELF_FORCING_AFTER)))
         return real(config, *args, **kwargs)
 
     monkeypatch.setattr(train_lib, "train_world_model", recorded)
@@ -514,8 +502,8 @@ def test_self_forcing_samples_in_sampling_steps(vae, tmp_path, monkeypatch):
     for steps in (1, 3):
         calls = []
         monkeypatch.setattr(train_lib, "sample_future", lambda dit, c, a, n, sigmas, *rest: calls.append(len(sigmas) - 1) or real(dit, c, a, n, sigmas, *rest))
-        config = fast_config(steps=2, self_forcing=1.0, self_forcing_after=0.0, sampling_steps=steps, clip_stride=8)
-        train_world_model(config, episodes, vae, tmp_path / f"sf{steps}", CPU)
+        config = fast_config(steps=2, self_forcing=1.0, sampling_steps=steps, clip_stride=8)
+        train_world_model(config, episodes, vae, tmp_path / f"sf{steps}", CPU, self_forcing_after=0.0)
         assert calls[:2] == [steps, steps] and calls[-1] == steps  # two training steps, then the final samples
 
 

@@ -144,6 +144,9 @@ RETIRED: dict[str, tuple[Any, str]] = {
     "rl.target_kl": (None, "remove the key (no run stopped an update early: the learning rate warms up instead)"),
     "rl.max_grad_norm": (1.0, "remove the key (worldloop.rl.trainer.MAX_GRAD_NORM)"),
     "rl.kir_failure_episodes_per_task": (ANY_VALUE, "`worldloop kir --policy MODEL --failure-episodes N` takes it"),
+    "world_model.self_forcing_after": (0.3, "remove the key (worldloop.worldmodel.train.SELF_FORCING_AFTER)"),
+    "world_model.self_forcing_chunks": (1, "a self-forced memory is sampled from the clip one chunk earlier (deeper ones were never measured)"),
+    "world_model.sample_every": (ANY_VALUE, "sample videos are written at every world_model.checkpoint_every"),
 }
 """Keys that are gone: old dotted name -> (the value the code now always uses, what to do instead).
 A user's preset or override that sets one stops with an error naming it; a saved config or model folder

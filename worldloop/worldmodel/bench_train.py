@@ -10,8 +10,8 @@ torch.profiler: the kernel time's difference over the wall time's difference is 
 GPU was busy (``gpu_busy``; low: the host, launching kernels, is the limit), and MFU is the model's FLOPs per step
 over the step time and the device's dense bf16 peak. Settings: no self-forcing, and
 self-forcing at ``world_model.self_forcing`` (0.5 when the preset has none) from the first step: that
-share of the clips gets its memory latent from no-grad samples of the clips 1..``self_forcing_chunks``
-chunks earlier, in ``sampling_steps`` Euler steps each. Reported: steps/s, clips/s and the
+share of the clips gets its memory latent from a no-grad sample of the clip one chunk earlier, in
+``sampling_steps`` Euler steps. Reported: steps/s, clips/s and the
 DiT's matmul TFLOP/s (3 forwards per trained clip, plus the self-forced samples' forwards).
 
 Under ``torchrun --nproc-per-node N``, each setting is measured twice: rank 0 alone at the preset's batch (the
@@ -64,10 +64,9 @@ def train_wm(config: Config, clips: dict[str, torch.Tensor], vae, steps: int, se
     from worldloop.worldmodel.train import train_world_model
 
     never = 10**9  # no periodic logging, samples or checkpoints inside the timed loop
-    wm = dataclasses.replace(config.world_model, steps=steps, self_forcing=self_forcing, self_forcing_after=0.0, time_limit_s=0.0,
-                             sample_every=never, checkpoint_every=never)  # fmt: skip
+    wm = dataclasses.replace(config.world_model, steps=steps, self_forcing=self_forcing, time_limit_s=0.0, checkpoint_every=never)
     with tempfile.TemporaryDirectory() as out:
-        train_world_model(wm, [], vae, out, device, seed=config.seed, clips=clips, log_every=never)
+        train_world_model(wm, [], vae, out, device, seed=config.seed, clips=clips, log_every=never, self_forcing_after=0.0)
 
 
 def seconds_per_step(run_seconds: Callable[[int], float], steps: int) -> float:
@@ -112,11 +111,9 @@ def measure(config: Config, clips: dict[str, torch.Tensor], vae, steps: int, sel
     tokens = 4 * (side // 2) ** 2
     flops = 3 * dit_flops_per_forward(wm.size, wm.batch_size, tokens)
     sample_steps = wm.sampling_steps
-    chunks = (1 + wm.self_forcing_chunks) / 2  # the mean depth drawn per self-forced clip (the random clips' chain is long)
-    flops += sample_steps * chunks * dit_flops_per_forward(wm.size, 1, tokens) * self_forcing * wm.batch_size  # expected self-forced clips
+    flops += sample_steps * dit_flops_per_forward(wm.size, 1, tokens) * self_forcing * wm.batch_size  # the self-forced clips
     return {
         "size": wm.size, "batch": wm.batch_size, "tokens": tokens, "self_forcing": self_forcing, "self_forcing_steps": sample_steps,
-        "self_forcing_chunks": wm.self_forcing_chunks,
         "step_ms": 1e3 * per_step, "steps_per_s": 1 / per_step, "clips_per_s": wm.batch_size / per_step,
         "dit_tflops": flops / per_step / 1e12, "mfu": flops / per_step / peak if peak else None, "gpu_busy": busy,
         "compiled": bool(wm.compile and device.type == "cuda"),

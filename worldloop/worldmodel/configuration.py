@@ -97,14 +97,8 @@ class WorldModelConfig:
     self_forcing: float = 0.0
     """Fraction of training clips whose memory latent is the model's own prediction of it, sampled
     (without gradient) from the clip one chunk earlier, as in a rollout: the model learns to continue
-    from its own frames, not only from real ones, against drift that compounds chunk by chunk. 0 disables."""
-    self_forcing_after: float = 0.3
-    """Fraction of the training budget before self-forcing starts (until then its predictions are noise)."""
-    self_forcing_chunks: int = 1
-    """Chunks a self-forced memory is rolled out over: each self-forced clip draws k from 1..this and
-    starts k chunks earlier (fewer where its episode begins sooner), so the model also learns to continue
-    from memory that has drifted for several chunks, as objects fade in a long rollout. Each chunk is
-    one no-grad sample; 1: the clip one chunk earlier only."""
+    from its own frames, not only from real ones, against drift that compounds chunk by chunk. It starts
+    after worldloop.worldmodel.train.SELF_FORCING_AFTER (30 %) of the budget. 0 disables."""
     clip_stride: int = 2
     """Frames between the start of consecutive training clips cut from one episode."""
     steps: int = 400
@@ -119,10 +113,9 @@ class WorldModelConfig:
     """torch.compile the DiT's training forward (CUDA only; fixed shapes). The small DiT's eager training step is bound
     by kernel launches (the GPU ~30 % busy at batch 64 on an H200); compiled, it fuses them. Costs a minute of
     compilation at the start of a run (docs/benchmarks.md, `bench wm-train`)."""
-    sample_every: int = 500
-    """Steps between sample videos written to TensorBoard (and at the end)."""
     checkpoint_every: int = 500
-    """Steps between atomic training checkpoints (resume continues from the newest)."""
+    """Steps between atomic training checkpoints (resume continues from the newest) and sample videos written to
+    TensorBoard (and at the end)."""
     time_limit_s: float = 0.0
     """Training seconds (summed over resumed runs) after which training stops even before `steps`; the
     learning-rate schedule then spans this time (0 = no limit: the schedule spans `steps`)."""
@@ -137,13 +130,11 @@ class WorldModelConfig:
             raise ValueError(f"size must be one of {SIZES}, got {self.size!r}")
         if self.chunk_size < 4 or self.chunk_size % 4:
             raise ValueError(f"chunk_size must be a positive multiple of 4 (the VAE's temporal compression), got {self.chunk_size}")
-        if not 0.0 <= self.self_forcing <= 1.0 or not 0.0 <= self.self_forcing_after <= 1.0:
-            raise ValueError(f"self_forcing and self_forcing_after must be in [0, 1], got {self.self_forcing}, {self.self_forcing_after}")
-        if self.self_forcing_chunks < 1:
-            raise ValueError(f"self_forcing_chunks must be >= 1, got {self.self_forcing_chunks}")
+        if not 0.0 <= self.self_forcing <= 1.0:
+            raise ValueError(f"self_forcing must be in [0, 1], got {self.self_forcing}")
         if not 0.0 <= self.memory_noise < 1.0:
             raise ValueError(f"memory_noise must be in [0, 1), got {self.memory_noise}")
-        for name in ("clip_stride", "steps", "batch_size", "sampling_steps", "sample_every", "checkpoint_every", "eval_episodes"):
+        for name in ("clip_stride", "steps", "batch_size", "sampling_steps", "checkpoint_every", "eval_episodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.ema_decay < 1.0:

@@ -115,6 +115,9 @@ VAE_CLIP_FRAMES = 13
 latent positions 0 and 1 and decoded positions 2+ poorly)."""
 LOG_EVERY = 25
 """Steps between the training losses written to TensorBoard (reading a loss waits for the GPU)."""
+SELF_FORCING_AFTER = 0.3
+"""Share of the training budget (steps, or time under world_model.time_limit_s) before self-forcing starts
+(world_model.self_forcing): until then the model's own predictions of a memory are noise."""
 
 # ============================================================================================ VAE
 
@@ -375,13 +378,16 @@ def train_world_model(
     init: WorldModel | None = None,
     steps_before: int | None = 0,
     log_every: int = LOG_EVERY,
+    self_forcing_after: float = SELF_FORCING_AFTER,
 ) -> WorldModel:
     """Train the action-conditioned DiT on ``train_episodes``; the EMA model is saved to ``out``
     (config.json, model.safetensors, vae/) and returned. ``clips`` ({"latents" (M, C, 4, h, w),
     "actions" (M, 13, A) raw, optionally "previous" (M,) for self-forcing}) replaces the episodes with
     ready-made latent clips. ``init`` starts from a trained world model's weights and action
     statistics (fine-tuning, e.g. PACE's WM Evo, or a DiT grown over several runs); ``steps_before``
-    (its :func:`steps_trained`, None: unknown) lets results.json's ``steps_total`` count its steps too."""
+    (its :func:`steps_trained`, None: unknown) lets results.json's ``steps_total`` count its steps too.
+    ``self_forcing_after``: the share of the budget before self-forcing starts (0: from the first step, as
+    `bench wm-train` measures it)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     vae = vae.to(device).eval().requires_grad_(False)
@@ -461,7 +467,7 @@ def train_world_model(
         if budget.out_of_time():  # checked first: a resumed run whose time is spent takes no step
             break
         index = torch.randint(num_clips, (config.batch_size,), generator=generator, device=device)
-        forcing = forced_per_step and budget.fraction(step) >= config.self_forcing_after
+        forcing = forced_per_step and budget.fraction(step) >= self_forcing_after
         if forcing:  # the forced rows become clips that have a predecessor, drawn uniformly among them
             pick = torch.randint(len(has_previous), (forced_per_step,), generator=generator, device=device)
             index = index.clone()
@@ -472,8 +478,7 @@ def train_world_model(
             # the memory the model will really see from a rollout's second chunk on: its own samples (this rank's rows)
             here = forced_rows[(forced_rows >= mine.start) & (forced_rows < mine.stop)]
             if len(here):
-                x0[here, :, 1] = self_forced_memory(forward, latents_all, normalised_all, previous_all, index[here],
-                                                    config.self_forcing_chunks, model.sigmas, generator)  # fmt: skip
+                x0[here, :, 1] = self_forced_memory(forward, latents_all, normalised_all, previous_all, index[here], model.sigmas, generator)
             self_forced += forced_per_step
         loss = flow_matching_loss(forward, x0, actions, config, generator, rows=mine)
         optimizer.zero_grad(set_to_none=True)
@@ -491,14 +496,14 @@ def train_world_model(
             writer.add_scalar("wm/lr", scheduler.get_last_lr()[0], done)
             writer.add_scalar("wm/self_forced_clips", self_forced, done)
             bar.set_postfix(loss=f"{loss_value:.4f}")
-        if main and (done % config.sample_every == 0 or done == config.steps):
+        if main and (done % config.checkpoint_every == 0 or done == config.steps):  # sample videos at every checkpoint
             _log_samples(writer, ema, vae, latents_all[:4], normalised_all[:4], model.sigmas, done)
         if done % config.checkpoint_every == 0 and done < config.steps:
             save_checkpoint(out, done, modules, stateful, extra={"shape": shape, "seconds": budget.seconds()})
     if done > first and done % log_every and done != config.steps:  # the last step's loss, when it was not logged
         loss_value = distributed.all_mean(float(loss.detach()))
     loop_seconds = time.time() - budget.started
-    if main and done % config.sample_every and done < config.steps:  # stopped by the time limit: samples of the end state
+    if main and done % config.checkpoint_every and done < config.steps:  # stopped by the time limit: samples of the end state
         _log_samples(writer, ema, vae, latents_all[:4], normalised_all[:4], model.sigmas, done)
     writer.close()
     save_checkpoint(out, done, modules, stateful, extra={"shape": shape, "seconds": budget.seconds()})
@@ -592,31 +597,15 @@ def flow_matching_loss(
 
 
 def self_forced_memory(
-    dit, latents: torch.Tensor, actions: torch.Tensor, previous: torch.Tensor, clips: torch.Tensor, max_chunks: int, sigmas: torch.Tensor,
-    generator: torch.Generator,
+    dit, latents: torch.Tensor, actions: torch.Tensor, previous: torch.Tensor, clips: torch.Tensor, sigmas: torch.Tensor, generator: torch.Generator
 ) -> torch.Tensor:
-    """The memory latent a rollout would hold at each of ``clips`` (indices; each has a predecessor):
-    the model's own last latent after k chunks, k drawn from 1..``max_chunks`` and cut where the episode
-    begins sooner, rolled out from the real context of the clip k chunks earlier with the recorded
-    (normalised) ``actions`` of each clip on the way. Returns (n, C, h, w)."""
-    chain = [clips]  # chain[j]: the clip j chunks earlier, -1 past the episode's start
-    for _ in range(max_chunks):
-        chain.append(torch.where(chain[-1] >= 0, previous[chain[-1].clamp(min=0)], -1))
-    reachable = sum((link >= 0).long() for link in chain[1:])
-    if max_chunks == 1:  # no draw, so the random stream is the one-chunk path's
-        depth = torch.ones_like(clips)
-    else:
-        depth = torch.minimum(torch.randint(1, max_chunks + 1, clips.shape, device=clips.device, generator=generator), reachable)
-    start = torch.stack(chain)[depth, torch.arange(len(clips), device=clips.device)]
-    memory = latents[start][:, :, 1]
-    for j in range(int(depth.max()), 0, -1):  # clip chain[j] predicts the memory of chain[j - 1]
-        rolling = depth >= j
-        clip = chain[j][rolling]
-        real = latents[clip]  # (n_j, C, 4, h, w): its reference frame, and the shape of its future
-        context = torch.stack([real[:, :, 0], memory[rolling]], dim=2)
-        noise = torch.randn(real[:, :, 2:].shape, device=latents.device, generator=generator)
-        memory[rolling] = sample_future(dit, context, actions[clip], noise, sigmas)[:, :, -1]
-    return memory
+    """The memory latent a rollout's second chunk would hold at each of ``clips`` (indices; each has a predecessor):
+    the model's own last latent sampled from the real context of the clip one chunk earlier, driven by that clip's
+    recorded (normalised) ``actions``. Returns (n, C, h, w)."""
+    earlier = previous[clips]
+    real = latents[earlier]  # (n, C, 4, h, w): its reference and memory frames, and the shape of its future
+    noise = torch.randn(real[:, :, 2:].shape, device=latents.device, generator=generator)
+    return sample_future(dit, real[:, :, :2], actions[earlier], noise, sigmas)[:, :, -1]
 
 
 @torch.no_grad()
