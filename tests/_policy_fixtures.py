@@ -21,8 +21,6 @@ TINY = [
     "policy.image_grid=2",
     "sft.batch_size=16",
     "sft.warmup_steps=2",
-    "sft.eval_every=1000",
-    "sft.held_out_samples=32",
     "sft.lr=0.003",
 ]
 

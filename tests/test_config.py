@@ -78,7 +78,7 @@ def test_saved_config_round_trips(tmp_path):
     assert load_saved_config(tmp_path) == config
 
 
-LEAF_KNOBS = 133
+LEAF_KNOBS = 116
 """The most leaf fields the schema may hold."""
 
 
@@ -123,7 +123,7 @@ def test_every_field_is_read_somewhere():
 
 def test_the_knob_count_stays_small():
     """Leaf knobs: 197 on 2026-12-04 before the configuration was pruned, 190 after the first pass, 160 after the second,
-    157 before the third and 131 after it."""
+    157 before the third, 133 before the fourth and 116 after it."""
     assert len(leaf_fields(Config)) <= LEAF_KNOBS
 
 
@@ -138,6 +138,18 @@ def test_the_knob_count_stays_small():
         ("world_model.held_out_fraction=0.5", ["'world_model.held_out_fraction' was retired", "eval-wm --held-out-fraction"]),
         ("reward.classifier.augment=false", ["'reward.classifier.augment' was retired (now always True)"]),
         ("vae.log_every=50", ["'vae.log_every' was retired;", "LOG_EVERY"]),
+        ("rl.diagnostics.drop_imagined_only=true", ["'rl.diagnostics.drop_imagined_only' was retired (now always False)", "rl.train_tasks"]),
+        ("rl.eval_imagination_repeat=true", ["'rl.eval_imagination_repeat' was retired (now always False)"]),
+        ("rl.lr_warmup_steps=0", ["'rl.lr_warmup_steps' was retired (now always 16)", "LR_WARMUP_STEPS"]),
+        ("rl.target_kl=0.05", ["'rl.target_kl' was retired (now always None)"]),
+        ("rl.kir_failure_episodes_per_task=8", ["'rl.kir_failure_episodes_per_task' was retired;", "--failure-episodes"]),
+        ("world_model.self_forcing_chunks=3", ["'world_model.self_forcing_chunks' was retired (now always 1)"]),
+        ("world_model.sample_every=100", ["'world_model.sample_every' was retired;", "world_model.checkpoint_every"]),
+        ("sft.eval_every=200", ["'sft.eval_every' was retired;", "EVALUATIONS"]),
+        ("reward.training.eval_every=500", ["'reward.training.eval_every' was retired;", "EVALUATIONS"]),
+        ("sft.episodes_per_task=1", ["'sft.episodes_per_task' was retired;", "sft --episodes-per-task"]),
+        ("collect.fps=10", ["'collect.fps' was retired (now always 20)", "FPS"]),
+        ("reward.calibrate.batch_size=256", ["'reward.calibrate.batch_size' was retired;", "JUDGE_BATCH"]),
     ],
 )
 def test_old_keys_name_their_replacement(override, words, tmp_path):
@@ -173,6 +185,12 @@ def test_a_run_recorded_with_a_retired_key_at_its_fixed_value_is_the_same_run():
     now = {"config": {"sft": {"steps": 6}, "vae": {"steps": 20}}, "options": {}}
     before = {"config": {"sft": {"steps": 6, "augment_shift": 4}, "vae": {"steps": 20, "log_every": 50}}, "options": {}}
     assert differences(before, now, retired_as_fixed) == []
+    # retired on the fourth pass: at its fixed value (rl.max_grad_norm 1.0), or any (world_model.sample_every)
+    recorded = {"config": {"rl": {"lr": 1e-5, "max_grad_norm": 1.0}, "world_model": {"steps": 10, "sample_every": 4000}}, "options": {}}
+    current = {"config": {"rl": {"lr": 1e-5}, "world_model": {"steps": 10}}, "options": {}}
+    assert differences(recorded, current, retired_as_fixed) == []
+    recorded["config"]["rl"]["max_grad_norm"] = 0.5
+    assert differences(recorded, current, retired_as_fixed) == ["rl.max_grad_norm: 0.5 there, (not set) now"]
     assert differences(before, now) == ["sft.augment_shift: 4 there, (not set) now", "vae.log_every: 50 there, (not set) now"]
     before["config"]["sft"]["augment_shift"] = 2
     assert differences(before, now, retired_as_fixed) == ["sft.augment_shift: 2 there, (not set) now"]
@@ -180,7 +198,8 @@ def test_a_run_recorded_with_a_retired_key_at_its_fixed_value_is_the_same_run():
 
 def test_a_run_saved_before_the_keys_moved_still_loads():
     """The 2026-12-04 fidelity-recipe run's config.yaml holds keys since renamed (reward.classifier.steps, loop.evo_wm_steps)
-    and retired at the values now fixed (rl.keep_checkpoints: 2, vae.perceptual_weight: 0.0)."""
+    and retired at the values now fixed (rl.keep_checkpoints: 2, vae.perceptual_weight: 0.0; rl.max_grad_norm: 1.0 and
+    rl.diagnostics.drop_imagined_only: false, or any value, as world_model.sample_every: 4000)."""
     folder = Path(__file__).resolve().parent.parent / "docs" / "experiments" / "2026-12-04-fidelity-recipe" / "run"
     config = load_saved_config(folder)
     assert config.reward.training.steps == 2000 and config.reward.training.threshold_from == "episode_kappa"

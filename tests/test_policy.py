@@ -133,18 +133,3 @@ def test_compact_vla_is_a_policy():
     policy = tiny_policy()
     assert isinstance(policy, Policy)
     assert (policy.chunk_size, policy.action_dim, policy.image_size) == (8, 4, IMAGE)
-
-
-def test_image_encoder_starts_from_local_weights(tmp_path):
-    from safetensors.torch import save_file
-
-    source = tiny_policy()
-    save_file({f"vision.{k}": v.contiguous() for k, v in source.vision.state_dict().items()}, tmp_path / "resnet.safetensors")
-    config = tiny_config(f"policy.vision_weights={tmp_path / 'resnet.safetensors'}")
-    torch.manual_seed(1)
-    started = CompactVLA(config.policy, 4, IMAGE)
-    assert torch.equal(started.vision.layer2[0].conv1.weight, source.vision.layer2[0].conv1.weight)
-    assert not torch.equal(started.action_head.weight, source.action_head.weight)
-    config.policy.vision_widths = [4, 8, 8, 8]
-    with pytest.raises(ValueError, match="does not fit the image encoder"):
-        CompactVLA(config.policy, 4, IMAGE)

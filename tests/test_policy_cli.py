@@ -10,8 +10,7 @@ from worldloop.cli import main
 
 def test_sft_then_eval_from_the_command_line(tiny_dataset, tmp_path):
     model, results = tmp_path / "model", tmp_path / "eval"
-    tiny = [o for o in TINY if not o.startswith("sft.eval_every")]
-    assert main(["sft", "--dataset", str(tiny_dataset), "--out", str(model), "--episodes-per-task", "1", *tiny, "sft.steps=4", "sft.eval_every=2"]) == 0
+    assert main(["sft", "--dataset", str(tiny_dataset), "--out", str(model), "--episodes-per-task", "1", *TINY, "sft.steps=4"]) == 0
     sft = json.loads((model / "sft_results.json").read_text())
     assert len(sft["train_episodes"]) == 2 and sft["held_out_token_accuracy"] is not None  # one episode of each of 2 tasks
     assert {"config.json", "model.safetensors", "norm_stats.json", "config.yaml", "tb"} <= {p.name for p in model.iterdir()}

@@ -47,7 +47,7 @@ def test_random_shift_moves_pixels_within_bounds():
 
 def test_instruction_decides_the_action_after_sft(tmp_path):
     """Frames look alike for both instructions: only the instruction can tell +0.8 from -0.8."""
-    config = tiny_config("sft.steps=150", "sft.eval_every=75")
+    config = tiny_config("sft.steps=150")
     results = fit_policy(config, synthetic_episodes(8), synthetic_episodes(2, seed=1), tmp_path / "m", [OPEN, CLOSE], IMAGE, 4)
     assert 0 < results["held_out_token_accuracy"] <= 1 and results["held_out_loss"] < 4.0  # chance: log(256) = 5.5
     policy = CompactVLA.from_pretrained(tmp_path / "m")

@@ -9,7 +9,7 @@ import torch
 from _rewards_fixtures import TASKS, FakeEpisode, cue_episodes
 from worldloop.rewards.augment import colour_jitter, gaussian_blur, pixel_noise, world_model_artefacts
 from worldloop.rewards.classifier import SuccessClassifier
-from worldloop.rewards.configuration import CalibrateConfig, ClassifierConfig, ClassifierTrainingConfig, RewardConfig
+from worldloop.rewards.configuration import ClassifierConfig, ClassifierTrainingConfig, RewardConfig
 from worldloop.rewards.labels import LabelledFrames, frame_labels, labelled_frames
 from worldloop.rewards.metrics import auroc, suggest_thresholds, value_order_correlation
 from worldloop.rewards import load_judge
@@ -116,7 +116,7 @@ def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("rw")
     train = labelled_frames(cue_episodes(16, seed=0, size=16), list(TASKS))
     held_out = labelled_frames(cue_episodes(8, seed=1, size=16), list(TASKS))
-    config = RewardConfig(ClassifierConfig(input_size=16), ClassifierTrainingConfig(steps=STEPS, batch_size=16, lr=2e-3, eval_every=STEPS // 2))
+    config = RewardConfig(ClassifierConfig(input_size=16), ClassifierTrainingConfig(steps=STEPS, batch_size=16, lr=2e-3))
     metrics = train_classifier(train, held_out, config, out, torch.device("cpu"), seed=0)
     return out, metrics, held_out
 
@@ -202,7 +202,7 @@ def test_calibrate_classifier_writes_metrics_and_histogram(trained, tmp_path):
     from worldloop.utils.io import read_json
 
     judge = load_judge(trained[0], "cpu")
-    metrics = calibrate(judge, cue_episodes(8, seed=2, size=16), CalibrateConfig(stride=1, batch_size=16), tmp_path, "classifier")
+    metrics = calibrate(judge, cue_episodes(8, seed=2, size=16), tmp_path, "classifier", stride=1)
     assert metrics == read_json(tmp_path / "metrics.json")
     # 11 labelled frames per episode; success after actions 6..11 labels frames 7..11 (5 per successful episode)
     assert metrics["windows"] == 8 * 11 and metrics["success_windows"] == 4 * 5
@@ -245,15 +245,14 @@ def test_judging_world_model_frames_against_the_simulator(trained, tmp_path):
 
     judge = load_judge(trained[0], "cpu")
     episodes = [Episode(e.frames, np.zeros((len(e.frames), 4), np.float32), None, e.success, e.instruction, e.task_index, e.index) for e in cue_episodes(8, seed=2, size=16)]
-    config = CalibrateConfig(stride=1, batch_size=4)  # replayed 4 episodes at a time
-    oracle = calibrate(judge, episodes, config, tmp_path / "oracle", "classifier", ReplayWorldModel(episodes, oracle=True))
+    oracle = calibrate(judge, episodes, tmp_path / "oracle", "classifier", ReplayWorldModel(episodes, oracle=True), stride=1)
     agreement = oracle["world_model"]
     assert agreement["window_verdict_agreement"] == 1.0 and agreement["imagined"]["auroc"] == pytest.approx(oracle["auroc"])
     assert agreement["episodes"]["count"] == 8 and agreement["episodes"]["real_success_once"] == 0.5
     assert (tmp_path / "oracle" / "histogram_imagined.png").is_file()
 
     # a frozen world model never shows the cue: the judge misses the successes the simulator saw
-    frozen = calibrate(judge, episodes, config, tmp_path / "frozen", "classifier", ReplayWorldModel(episodes, oracle=False))["world_model"]
+    frozen = calibrate(judge, episodes, tmp_path / "frozen", "classifier", ReplayWorldModel(episodes, oracle=False), stride=1)["world_model"]
     assert frozen["window_verdict_agreement"] < 1.0 and frozen["episodes"]["missed_success"] >= 3
     assert frozen["episodes"]["agreement"] <= 0.625
     # a judge that never fires agrees with the simulator exactly as often as chance: kappa 0 (the oracle's is higher)
@@ -270,10 +269,10 @@ def test_training_resumes_from_its_latest_checkpoint(tmp_path, capsys):
     from worldloop.rewards.train import train_classifier
 
     data = labelled_frames(cue_episodes(4, size=16), list(TASKS))
-    config = RewardConfig(ClassifierConfig(input_size=16), ClassifierTrainingConfig(steps=2, batch_size=4, eval_every=1))
+    config = RewardConfig(ClassifierConfig(input_size=16), ClassifierTrainingConfig(steps=2, batch_size=4))
     train_classifier(data, None, config, tmp_path, torch.device("cpu"))
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_000000002"
-    metrics = train_classifier(data, None, RewardConfig(ClassifierConfig(input_size=16), ClassifierTrainingConfig(steps=3, batch_size=4, eval_every=1)), tmp_path, torch.device("cpu"))
+    metrics = train_classifier(data, None, RewardConfig(ClassifierConfig(input_size=16), ClassifierTrainingConfig(steps=3, batch_size=4)), tmp_path, torch.device("cpu"))
     assert "resuming" in capsys.readouterr().out and metrics["steps"] == 3 and metrics["held_out"] is None
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_000000003"
 

@@ -24,7 +24,7 @@ def dataset(tmp_path_factory):
 
 def test_train_then_calibrate_reward_cli(dataset, tmp_path, capsys):
     rw, cal = tmp_path / "rw", tmp_path / "cal"
-    small = ["reward.classifier.input_size=16", "reward.training.steps=4", "reward.training.batch_size=8", "reward.training.eval_every=2"]
+    small = ["reward.classifier.input_size=16", "reward.training.steps=4", "reward.training.batch_size=8"]
     assert main(["train-reward", "--dataset", str(dataset), "--out", str(rw), *small, "sim.chunk_size=4"]) == 0
     metrics = read_json(rw / "metrics.json")
     assert metrics["steps"] == 4 and metrics["held_out"]["frames"] == 2 * 11  # one of each task's 4 episodes held out
@@ -49,7 +49,7 @@ def test_calibrate_reward_judges_world_model_frames(dataset, tmp_path, capsys):
     from worldloop.worldmodel.configuration import VAEConfig, WorldModelConfig
     from worldloop.worldmodel.rollout import WorldModel
 
-    small = ["reward.classifier.input_size=16", "reward.training.steps=2", "reward.training.batch_size=8", "reward.training.eval_every=2"]
+    small = ["reward.classifier.input_size=16", "reward.training.steps=2", "reward.training.batch_size=8"]
     rw = tmp_path / "rw"
     assert main(["train-reward", "--dataset", str(dataset), "--out", str(rw), *small]) == 0
     torch.manual_seed(0)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from _rewards_fixtures import TINY_VIDEO_SIZE, cue_episodes, drop_true_token
-from worldloop.rewards.configuration import CalibrateConfig, RewardConfig
+from worldloop.rewards.configuration import RewardConfig
 from worldloop.rewards import load_judge
 from worldloop.rewards.protocol import Judge
 from worldloop.rewards.qwen_random import save_random_qwen3_vl_folder
@@ -106,7 +106,7 @@ def test_calibrate_topreward_windows(judge, tmp_path):
     from worldloop.rewards.calibrate import calibrate
 
     episodes = cue_episodes(2, length=10)
-    metrics = calibrate(judge, episodes, CalibrateConfig(stride=3, batch_size=4), tmp_path, "topreward:tiny")
+    metrics = calibrate(judge, episodes, tmp_path, "topreward:tiny", stride=3)
     assert metrics["window"] == 16
     assert metrics["windows"] == 2 * 3  # labelled frames 1..9, every 3rd counted from the last
     assert (tmp_path / "histogram.png").stat().st_size > 1000

@@ -34,7 +34,7 @@ def random_base(config, folder):
 
     torch.manual_seed(0)
     size, action_dim = config.sim.image_size, 4
-    policy = CompactVLA(config.policy, action_dim, size, ActionTokenizer.fit(torch.rand(64, action_dim) * 2 - 1), load_vision_weights=False)
+    policy = CompactVLA(config.policy, action_dim, size, ActionTokenizer.fit(torch.rand(64, action_dim) * 2 - 1))
     policy.add_instructions([INSTRUCTIONS[task] for task in config.sim.tasks])
     policy.save_pretrained(folder / "policy")
     WorldModel.build(config.world_model, vae_lib.build_vae(config.vae), size, action_dim, device="cpu").save_pretrained(folder / "wm")

@@ -55,7 +55,7 @@ RENAMED: dict[str, str] = {
     "reward.classifier.threshold_tolerance_se": "reward.calibrate.threshold_tolerance_se",
     "reward.classifier.threshold_significance_se": "reward.calibrate.threshold_significance_se",
     **{f"reward.classifier.{name}": f"reward.training.{name}"
-       for name in ("threshold_from", "steps", "batch_size", "lr", "eval_every")},
+       for name in ("threshold_from", "steps", "batch_size", "lr")},
     "loop.evo_rollouts_per_task": "rl.refine_episodes_per_task",
     "loop.evo_wm_steps": "rl.refine_steps",
 }
@@ -83,11 +83,11 @@ RETIRED: dict[str, tuple[Any, str]] = {
                               "docs/experiments/2026-12-03-vae-changes-first-choices.md)"),
     "sft.weight_decay": (0.01, "remove the key"),
     "sft.grad_clip": (1.0, "remove the key"),
-    "sft.checkpoint_every": (ANY_VALUE, "a checkpoint is written at every sft.eval_every"),
+    "sft.checkpoint_every": (ANY_VALUE, "a checkpoint is written at every held-out evaluation (worldloop.utils.checkpoint.EVALUATIONS)"),
     "expert.perturb_start_min": (10, "remove the key (worldloop.sims.experts.PERTURB_START)"),
     "expert.perturb_start_max": (120, "remove the key (worldloop.sims.experts.PERTURB_START)"),
     "expert.gripper_perturb_fraction": (0.5, "remove the key"),
-    "eval.video_fps": (20, "evaluation videos play at collect.fps"),
+    "eval.video_fps": (20, "evaluation videos play at worldloop.data.configuration.FPS"),
     **{f"reward.{section}.{name}": retired for section in ("classifier", "training") for name, retired in {  # classifier: before 2026-12-04
         "weight_decay": (1e-4, "remove the key"),
         "blur_prob": (0.5, "reward.training.augment switches the whole degradation on or off"),
@@ -147,6 +147,15 @@ RETIRED: dict[str, tuple[Any, str]] = {
     "world_model.self_forcing_after": (0.3, "remove the key (worldloop.worldmodel.train.SELF_FORCING_AFTER)"),
     "world_model.self_forcing_chunks": (1, "a self-forced memory is sampled from the clip one chunk earlier (deeper ones were never measured)"),
     "world_model.sample_every": (ANY_VALUE, "sample videos are written at every world_model.checkpoint_every"),
+    **{key: (ANY_VALUE, "held-out evaluations and checkpoints come every quarter of the steps (worldloop.utils.checkpoint.EVALUATIONS); remove the key")
+       for key in ("sft.eval_every", "reward.classifier.eval_every", "reward.training.eval_every")},
+    "sft.held_out_samples": (ANY_VALUE, "each evaluation scores worldloop.policies.sft.HELD_OUT_SAMPLES held-out samples; remove the key"),
+    "sft.episodes_per_task": (ANY_VALUE, "`worldloop sft --episodes-per-task N` takes it"),
+    "collect.fps": (20, "remove the key (worldloop.data.configuration.FPS)"),
+    "policy.vision_weights": (ANY_VALUE, "the image encoder starts from random weights (no preset loaded any; a saved policy holds its own)"),
+    "reward.calibrate.stride": (4, "remove the key (worldloop.rewards.scoring.WINDOW_STRIDE)"),
+    "reward.calibrate.batch_size": (ANY_VALUE, "calibrate-reward scores worldloop.rewards.scoring.JUDGE_BATCH windows per call; "
+                                               "TOPReward splits them at reward.topreward.max_batch"),
 }
 """Keys that are gone: old dotted name -> (the value the code now always uses, what to do instead).
 A user's preset or override that sets one stops with an error naming it; a saved config or model folder

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
             raise ValueError(f"--world-model renders {world_model.image_size}px frames, {args.dataset} holds {dataset.image_size}px")
     judge = load_judge(args.judge, device, config.reward)
     save_config(config, args.out)
-    metrics = calibrate(judge, dataset.episodes([int(i) for i in indices]), config.reward.calibrate, args.out, args.judge, world_model, config.seed)
+    metrics = calibrate(judge, dataset.episodes([int(i) for i in indices]), args.out, args.judge, world_model, config.seed)
     at = metrics["at_threshold"]
     print(
         f"calibrate-reward: {metrics['windows']} windows ({metrics['success_windows']} success) from {metrics['episodes']} episodes; "

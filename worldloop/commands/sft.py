@@ -20,15 +20,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-model", default=None, help="world-model (or VAE) folder: held-out token agreement on its VAE's reconstructions, "
                         "and sft.augment_codec of the training frames shown through it")
     parser.add_argument("--policy", default=None, help="an OpenVLA-OFT checkpoint to fine-tune (openvla-oft:DIR[@SUITE]) instead of a compact VLA from scratch")
-    parser.add_argument("--episodes-per-task", type=int, default=None, help="training episodes per task, successful first (1 = one-trajectory SFT; default: sft.episodes_per_task, 0 = all)")
+    parser.add_argument("--episodes-per-task", type=int, default=0, help="training episodes per task, successful first (1 = one-trajectory SFT; default 0: all)")
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
     from worldloop.policies.sft import train_sft
 
-    if args.episodes_per_task is not None:
-        config.sft.episodes_per_task = args.episodes_per_task
-        config.sft.validate()
+    if args.episodes_per_task < 0:
+        from worldloop.config import ConfigError
+
+        raise ConfigError(f"--episodes-per-task must be >= 0 (0: every training episode), got {args.episodes_per_task}")
     from worldloop.utils import distributed
 
     if args.policy:
@@ -39,11 +40,11 @@ def run(args: argparse.Namespace, config: Config) -> int:
             raise ConfigError("sft --policy (OpenVLA-OFT) runs in one process: start it without torchrun")
         if args.world_model:
             raise ConfigError("--world-model (codec augmentation and agreement) is for the compact VLA; sft --policy does not use it")
-        results = finetune_openvla_oft(config, args.policy, args.dataset, args.out)
+        results = finetune_openvla_oft(config, args.policy, args.dataset, args.out, args.episodes_per_task)
         print(f"sft: {results['steps']} steps on {results['train_samples']} samples in {results['seconds']:.0f} s; "
               f"train loss {results['final_train_loss']:.3f}; model in {args.out} (published OpenVLA-OFT layout)")
         return 0
-    results = train_sft(config, args.dataset, args.out, world_model=args.world_model)
+    results = train_sft(config, args.dataset, args.out, args.episodes_per_task, world_model=args.world_model)
     if not distributed.is_main():
         return 0
     codec = results.get("held_out_codec_token_agreement")

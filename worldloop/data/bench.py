@@ -12,6 +12,7 @@ import numpy as np
 def bench_data(args, config) -> int:
     """Write 8 episodes of ``--steps`` frames at each of ``--sizes``, then read them cold (decode
     into the cache) and warm (from the cache); print episodes/s and frames/s."""
+    from worldloop.data.configuration import FPS
     from worldloop.data.dataset import TrajectoryDataset
     from worldloop.data.writer import DatasetWriter
 
@@ -22,7 +23,7 @@ def bench_data(args, config) -> int:
         y, x = np.mgrid[0:size, 0:size] / size
         with tempfile.TemporaryDirectory() as folder:
             start = time.perf_counter()
-            with DatasetWriter(f"{folder}/ds", fps=config.collect.fps, image_size=size, action_dim=4, state_dim=39) as writer:
+            with DatasetWriter(f"{folder}/ds", fps=FPS, image_size=size, action_dim=4, state_dim=39) as writer:
                 for e in range(num_episodes):
                     t = np.arange(length)[:, None, None] / 10
                     frames = (np.stack([np.sin(3 * x + t + e), np.cos(3 * y - t), np.sin(2 * (x + y) + t)], -1) * 120 + 128).astype(np.uint8)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from worldloop.config import CONFIG_FILENAME, ConfigError, load_saved_config, save_config
-from worldloop.data.configuration import PLAN_DEFINING
+from worldloop.data.configuration import FPS, PLAN_DEFINING
 from worldloop.utils.io import atomic_write_json
 from worldloop.utils.stats import rate_with_stderr
 
@@ -163,7 +163,7 @@ def collect(
     driver = driver or expert_driver
     start = time.time()
     simulator = SIMULATORS.get(config.sim.backend)
-    with DatasetWriter(out, fps=config.collect.fps, image_size=config.sim.image_size, action_dim=simulator.action_dim, state_dim=simulator.state_dim) as writer:
+    with DatasetWriter(out, fps=FPS, image_size=config.sim.image_size, action_dim=simulator.action_dim, state_dim=simulator.state_dim) as writer:
         others = sorted({str(r.get("worldloop/policy")) for r in writer.episode_rows()} - {policy_name})
         if others:
             raise ConfigError(f"{out} holds episodes collected by policy {', '.join(others)}; collect with --policy {policy_name} into another folder")

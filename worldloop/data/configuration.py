@@ -15,8 +15,10 @@ PLAN_DEFINING = (
     "sim.success_hold_steps",
     "expert",
     "collect.noisy_fraction",
-    "collect.fps",
 )
+
+FPS = 20
+"""Frame rate recorded in every collected dataset and its videos, and of the evaluation videos (LIBERO's control rate)."""
 
 
 @dataclass
@@ -29,11 +31,9 @@ class CollectConfig:
     """Environments stepped together (spread over `sim.num_workers` processes)."""
     noisy_fraction: float = 0.5
     """Fraction of each task's episodes collected with the noisy expert (`expert.*`); the rest are clean."""
-    fps: int = 20
-    """Frame rate recorded in the dataset and its videos, and of the evaluation videos."""
 
     def validate(self) -> None:
-        if self.episodes_per_task < 1 or self.num_envs < 1 or self.fps < 1:
-            raise ValueError(f"episodes_per_task, num_envs and fps must be >= 1, got {self.episodes_per_task}, {self.num_envs}, {self.fps}")
+        if self.episodes_per_task < 1 or self.num_envs < 1:
+            raise ValueError(f"episodes_per_task and num_envs must be >= 1, got {self.episodes_per_task}, {self.num_envs}")
         if not 0 <= self.noisy_fraction <= 1:
             raise ValueError(f"noisy_fraction must be in [0, 1], got {self.noisy_fraction}")

@@ -128,7 +128,6 @@ class CompactVLA(nn.Module):
         tokenizer: ActionTokenizer | None = None,
         instructions: list[str] | tuple[str, ...] = (),
         text_dim: int = 384,
-        load_vision_weights: bool = True,
     ):
         """``instructions`` sizes the instruction cache (filled by :meth:`add_instructions` or by loading
         weights); ``tokenizer`` holds the action normalisation stats (or attach them later with :meth:`set_tokenizer`)."""
@@ -161,8 +160,6 @@ class CompactVLA(nn.Module):
         self.instructions: list[str] = list(instructions)
         self.register_buffer("instruction_embeddings", torch.zeros(len(self.instructions), MAX_INSTRUCTION_TOKENS, text_dim))
         self.register_buffer("instruction_mask", torch.zeros(len(self.instructions), MAX_INSTRUCTION_TOKENS, dtype=torch.bool))
-        if config.vision_weights and load_vision_weights:
-            self._load_vision_weights(config.vision_weights)
 
     def set_tokenizer(self, tokenizer: ActionTokenizer) -> None:
         """Attach the action normalisation stats (checked against the action dimension and bins)."""
@@ -315,7 +312,7 @@ class CompactVLA(nn.Module):
         config = from_dict(PolicyConfig, saved["policy"], "policy.", saved=True)
         if tokenizer.action_dim != saved["action_dim"]:
             raise ValueError(f"{Path(folder) / NORM_STATS_NAME} has {tokenizer.action_dim} dimensions but the model acts in {saved['action_dim']}")
-        model = cls(config, saved["action_dim"], saved["image_size"], tokenizer, saved["instructions"], saved["text_dim"], load_vision_weights=False)
+        model = cls(config, saved["action_dim"], saved["image_size"], tokenizer, saved["instructions"], saved["text_dim"])
         load_weights(folder, model)
         model.source = str(folder)
         return model.to(device).eval()
@@ -334,36 +331,13 @@ class CompactVLA(nn.Module):
                 f"the policy has {self.action_dim} dims x {NUM_BINS} bins"
             )
 
-    def _load_vision_weights(self, path: str) -> None:
-        """Load the tensors of a local safetensors file whose names and shapes match the encoder
-        (torchvision ResNet names, optionally prefixed 'vision.'); every convolution must be found.
-        BatchNorm scales and shifts land in the GroupNorm layers; running statistics are ignored."""
-        from safetensors.torch import load_file
-
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"policy.vision_weights = {path} does not exist")
-        own = self.vision.state_dict()
-        matched = {}
-        for key, tensor in load_file(path).items():
-            name = key.removeprefix("vision.")
-            if name in own and own[name].shape == tensor.shape:
-                matched[name] = tensor
-        convolutions = [name for name, tensor in own.items() if tensor.ndim == 4]
-        unmatched = [name for name in convolutions if name not in matched]
-        if unmatched:
-            raise ValueError(
-                f"{path} does not fit the image encoder (widths {self.config.vision_widths}): {len(unmatched)} of "
-                f"{len(convolutions)} convolutions have no tensor of the same name and shape there, e.g. {unmatched[:3]}"
-            )
-        self.vision.load_state_dict(matched, strict=False)
-
 
 def with_value_head(policy):
     """PPO needs values: a CompactVLA without a value head gets a fresh one (the rest of its weights kept)."""
     if not isinstance(policy, CompactVLA) or policy.value_head is not None:
         return policy
     config = dataclasses.replace(policy.config, value_head=True)
-    new = CompactVLA(config, policy.action_dim, policy.image_size, policy.tokenizer, policy.instructions, policy.text_dim, load_vision_weights=False)
+    new = CompactVLA(config, policy.action_dim, policy.image_size, policy.tokenizer, policy.instructions, policy.text_dim)
     missing, unexpected = new.load_state_dict(policy.state_dict(), strict=False)
     if unexpected or any(not name.startswith("value_") for name in missing):
         raise ValueError(f"cannot add a value head to this policy: missing {missing}, unexpected {unexpected}")

@@ -6,7 +6,7 @@ bottom, :func:`fit_policy` is the whole algorithm:
 
     fit the action tokenizer on the training actions -> build the policy -> AdamW + warm-up/cosine
     -> loop: sample a batch, random shift (and VAE-reconstructed frames), forward (bf16 on GPU), token cross-entropy, step
-       every eval_every: held-out loss and token accuracy, and a resume point
+       every quarter of the steps: held-out loss and token accuracy, and a resume point
     -> the model folder (config.json, model.safetensors, norm_stats.json) in OUT.
 
 All frames and targets are held in memory on the training device (uint8), so a step never waits
@@ -42,6 +42,9 @@ GRAD_CLIP = 1.0
 """Gradient-norm clip of fine-tuning."""
 AUGMENT_SHIFT = 4
 """Random shift augmentation of every training frame: pad by this many pixels (edge replicate), crop back at random."""
+HELD_OUT_SAMPLES = 2048
+"""Held-out samples scored at each evaluation: a fixed, evenly spaced subset (all of them when fewer), as many as the
+metaworld-gpu preset's runs scored (the codec token agreement of sft.augment_codec among them)."""
 
 
 class EpisodeLike(Protocol):
@@ -198,7 +201,7 @@ def fit_policy(
 
     from worldloop.config import save_config
     from worldloop.utils import distributed
-    from worldloop.utils.checkpoint import announce_resume, latest_checkpoint, load_checkpoint, save_checkpoint
+    from worldloop.utils.checkpoint import announce_resume, evaluation_interval, latest_checkpoint, load_checkpoint, save_checkpoint
     from worldloop.utils.device import resolve_device
     from worldloop.utils.io import atomic_write_json
 
@@ -215,7 +218,7 @@ def fit_policy(
     held_out = build_samples(held_out_list, chunk_size, instructions) if held_out_list else None
     held_out_total = 0 if held_out is None else len(held_out)
     if held_out is not None:  # the fixed, evenly spaced subset every evaluation scores
-        held_out = held_out.subset(evenly_spaced(len(held_out), sft.held_out_samples))
+        held_out = held_out.subset(evenly_spaced(len(held_out), HELD_OUT_SAMPLES))
     tokenizer = ActionTokenizer.fit(train.chunks[:, 0])
     if tuple(train.frames.shape[1:]) != (image_size, image_size, 3) or train.chunks.shape[-1] != action_dim:
         raise ValueError(f"episodes have frames {tuple(train.frames.shape[1:])} and {train.chunks.shape[-1]}-d actions; expected {image_size}x{image_size} and {action_dim}")
@@ -256,6 +259,7 @@ def fit_policy(
     metrics: dict[str, float] = {}
     started = time.time()
     end = sft.steps if stop_after is None else min(sft.steps, stop_after)
+    every = evaluation_interval(sft.steps)  # held-out evaluations and checkpoints
     progress = tqdm(range(start, end), initial=start, total=sft.steps, desc="sft", dynamic_ncols=True, disable=None if main else True)
     for step in progress:
         index = torch.randint(len(train), (sft.batch_size,), generator=sampler)  # the global batch; this rank trains on ``mine``
@@ -281,11 +285,11 @@ def fit_policy(
         writer.add_scalar("train/loss", last_loss, done)
         writer.add_scalar("train/lr", scheduler.get_last_lr()[0], done)
         progress.set_postfix(loss=f"{last_loss:.3f}")
-        if main and held_out is not None and (done % sft.eval_every == 0 or done == sft.steps):
+        if main and held_out is not None and (done % every == 0 or done == sft.steps):
             metrics = held_out_metrics(policy, held_out, held_out_tokens, sft.batch_size)
             for name, value in metrics.items():
                 writer.add_scalar(f"held_out/{name}", value, done)
-        if done % sft.eval_every == 0 or done == end:  # the last step too: a rerun of a finished run trains no step again
+        if done % every == 0 or done == end:  # the last step too: a rerun of a finished run trains no step again
             save_checkpoint(out, done, {"model": policy}, stateful, extra={"train_loss": last_loss})
     progress.close()
     writer.close()
@@ -347,12 +351,13 @@ def select_episodes(summaries: Sequence[tuple[int, int, bool, bool]], per_task: 
 
 
 def train_sft(
-    config, dataset: str | Path, out: str | Path, episodes_per_task: int | None = None, stop_after: int | None = None, world_model: str | Path | None = None,
+    config, dataset: str | Path, out: str | Path, episodes_per_task: int = 0, stop_after: int | None = None, world_model: str | Path | None = None,
 ) -> dict[str, Any]:
-    """``worldloop sft``: choose episodes from a LeRobot dataset folder, then :func:`fit_policy`."""
+    """``worldloop sft``: choose ``episodes_per_task`` training episodes per task (successful ones first, then clean
+    ones; 0: every one) from a LeRobot dataset folder, then :func:`fit_policy`."""
     from worldloop.data.dataset import TrajectoryDataset, split_episodes
 
-    per_task = config.sft.episodes_per_task if episodes_per_task is None else episodes_per_task
+    per_task = episodes_per_task
     ds = TrajectoryDataset(dataset)
     train_ids, held_ids = split_episodes(ds, seed=config.seed)
     summaries = [episode_summary(ds, i) for i in train_ids]

@@ -31,7 +31,7 @@ def dataset_statistics(chunks: torch.Tensor, suite: str, percentiles: tuple[floa
     return ActionStatistics(low, high, torch.ones(len(low), dtype=torch.bool), suite)
 
 
-def finetune_openvla_oft(config, policy_spec: str, dataset: str | Path, out: str | Path, episodes_per_task: int | None = None) -> dict[str, Any]:
+def finetune_openvla_oft(config, policy_spec: str, dataset: str | Path, out: str | Path, episodes_per_task: int = 0) -> dict[str, Any]:
     from torch.utils.tensorboard import SummaryWriter
     from tqdm import tqdm
 
@@ -52,8 +52,7 @@ def finetune_openvla_oft(config, policy_spec: str, dataset: str | Path, out: str
     if ds.image_size != policy.image_size:
         raise ValueError(f"{dataset} has {ds.image_size}x{ds.image_size} frames; the policy takes {policy.image_size} (worldloop.frame_size in its config.json)")
     train_ids, held_ids = split_episodes(ds, seed=config.seed)
-    per_task = sft.episodes_per_task if episodes_per_task is None else episodes_per_task
-    chosen = select_episodes([episode_summary(ds, i) for i in train_ids], per_task)
+    chosen = select_episodes([episode_summary(ds, i) for i in train_ids], episodes_per_task)
     train = build_samples((ds.episode(i) for i in chosen), policy.chunk_size, list(ds.tasks))
     policy.use_statistics(dataset_statistics(train.chunks, Path(dataset).name))
     print(f"sft: fine-tuning {policy_spec} on {len(chosen)} episodes ({len(train)} samples) of {dataset}; actions normalised to its q01/q99")

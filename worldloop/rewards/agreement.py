@@ -23,13 +23,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from worldloop.rewards.scoring import calibration_metrics, score_windows
-from worldloop.rewards.configuration import CalibrateConfig
+from worldloop.rewards.scoring import JUDGE_BATCH, WINDOW_STRIDE, calibration_metrics, score_windows
 from worldloop.rewards.metrics import episode_verdict_metrics, per_episode
 from worldloop.rewards.protocol import Judge
 
 
-def imagined_episodes(model: Any, episodes: Sequence[Any], batch: int = 32, seed: int = 0) -> list[Any]:
+def imagined_episodes(model: Any, episodes: Sequence[Any], batch: int = JUDGE_BATCH, seed: int = 0) -> list[Any]:
     """Each episode with its frames 1.. replaced by the world model's open-loop replay of its actions."""
     from worldloop.worldmodel.evaluate import open_loop
 
@@ -74,10 +73,10 @@ def agreement_metrics(
 
 
 def judge_in_imagination(
-    judge: Judge, model: Any, episodes: Sequence[Any], config: CalibrateConfig, real: dict[str, np.ndarray], seed: int = 0
+    judge: Judge, model: Any, episodes: Sequence[Any], real: dict[str, np.ndarray], seed: int = 0, stride: int = WINDOW_STRIDE
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Replay ``episodes`` in ``model`` and score the imagined windows; returns the comparison with
-    ``real`` (the same episodes' real window scores) and the imagined windows' table."""
-    imagined = score_windows(judge, imagined_episodes(model, episodes, config.batch_size, seed), config)
+    """Replay ``episodes`` in ``model`` and score the imagined windows (every ``stride``-th, as ``real``); returns the
+    comparison with ``real`` (the same episodes' real window scores) and the imagined windows' table."""
+    imagined = score_windows(judge, imagined_episodes(model, episodes, seed=seed), stride)
     tasks = {int(episode.index): episode.instruction for episode in episodes}
     return agreement_metrics(real, imagined, judge.threshold, tasks), imagined

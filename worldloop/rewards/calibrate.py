@@ -1,7 +1,7 @@
 """Calibrating a judge on labelled windows of real trajectories (``worldloop calibrate-reward``).
 
-Every ``stride``-th labelled frame of each episode ends one window (labels.py); the judge scores
-all windows in batches. Reported in ``OUT/metrics.json``:
+Every fourth labelled frame of each episode ends one window (labels.py, scoring.WINDOW_STRIDE); the judge
+scores all windows in batches. Reported in ``OUT/metrics.json``:
 
 - ``auroc``: does the score rank success windows above failure windows;
 - ``at_threshold``: precision, recall and trigger rate (share of windows judged success) at the
@@ -22,10 +22,9 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from worldloop.rewards.configuration import CalibrateConfig
 from worldloop.rewards.agreement import judge_in_imagination
 from worldloop.rewards.metrics import kappa_curve
-from worldloop.rewards.scoring import calibration_metrics, score_windows  # noqa: F401  (score_windows: re-exported)
+from worldloop.rewards.scoring import WINDOW_STRIDE, calibration_metrics, score_windows  # noqa: F401  (score_windows: re-exported)
 from worldloop.rewards.protocol import Judge
 from worldloop.utils.io import atomic_path, atomic_write_json, save_figure
 
@@ -89,23 +88,24 @@ def plot_kappa_by_threshold(scores: Sequence[float], success: Sequence[bool], ta
 
 
 def calibrate(
-    judge: Judge, episodes: Iterable[Any], config: CalibrateConfig, out: str | Path, judge_name: str, world_model: Any = None, seed: int = 0
+    judge: Judge, episodes: Iterable[Any], out: str | Path, judge_name: str, world_model: Any = None, seed: int = 0, stride: int = WINDOW_STRIDE
 ) -> dict:
     """Score, measure, plot; writes ``out/metrics.json`` and ``out/histogram.png``. With a
     ``world_model``, the same episodes replayed in it are judged too (agreement.py): the result
-    goes under ``metrics["world_model"]``, the histogram to ``out/histogram_imagined.png``."""
+    goes under ``metrics["world_model"]``, the histogram to ``out/histogram_imagined.png``. ``stride``: frames
+    between judged windows (1: every frame, as the tests' short episodes need)."""
     out = Path(out)
     if world_model is not None:
         episodes = list(episodes)  # judged twice: real, then replayed (otherwise streamed once)
     start = time.perf_counter()
-    table = score_windows(judge, episodes, config)
+    table = score_windows(judge, episodes, stride)
     seconds = time.perf_counter() - start
     metrics = {"judge": judge_name, "window": judge.window, **calibration_metrics(table, judge.threshold)}
     metrics["windows_per_second"] = metrics["windows"] / seconds
     auc = "n/a" if metrics["auroc"] is None else f"{metrics['auroc']:.3f}"
     plot_histogram(table, judge.threshold, out / "histogram.png", f"{judge_name}  AUROC {auc}")
     if world_model is not None:
-        metrics["world_model"], imagined = judge_in_imagination(judge, world_model, episodes, config, table, seed)
+        metrics["world_model"], imagined = judge_in_imagination(judge, world_model, episodes, table, seed, stride)
         auc = metrics["world_model"]["imagined"]["auroc"]
         title = f"{judge_name} on imagined frames  AUROC {'n/a' if auc is None else f'{auc:.3f}'}"
         plot_histogram(imagined, judge.threshold, out / "histogram_imagined.png", title)

@@ -35,18 +35,16 @@ class ClassifierTrainingConfig:
     beyond chance (Cohen's kappa within tasks). A frame-level threshold ignores that a false positive in any
     of an episode's ~20 verdicts makes it a success."""
     steps: int = 300
-    """Optimizer steps of training."""
+    """Optimizer steps of training. Every quarter of them (and at the end) the held-out frames are scored (TensorBoard)
+    and a checkpoint is written; every batch is degraded like world-model output (worldloop.rewards.augment.world_model_artefacts)."""
     batch_size: int = 64
     """Frames per training batch (half success, half failure: class-balanced sampling)."""
     lr: float = 3e-4
     """AdamW learning rate."""
-    eval_every: int = 100
-    """Steps between held-out evaluations (TensorBoard) and checkpoints; every batch is degraded like world-model output
-    (worldloop.rewards.augment.world_model_artefacts)."""
 
     def validate(self) -> None:
-        if self.steps < 1 or self.batch_size < 2 or self.eval_every < 1:
-            raise ValueError("training: steps >= 1, batch_size >= 2 and eval_every >= 1 are required")
+        if self.steps < 1 or self.batch_size < 2:
+            raise ValueError("training: steps >= 1 and batch_size >= 2 are required")
         if self.threshold_from not in ("fixed", "max_f1", "youden", "episode_kappa"):
             raise ValueError(f"training: threshold_from must be 'fixed', 'max_f1', 'youden' or 'episode_kappa', got {self.threshold_from!r}")
         if self.lr <= 0:
@@ -70,12 +68,8 @@ class TOPRewardConfig:
 
 @dataclass
 class CalibrateConfig:
-    """``worldloop calibrate-reward``: how far a judge can be trusted on labelled real windows."""
+    """How a judge's threshold is chosen on the kappa of its per-episode verdicts (train-reward, rl.judge_threshold 'replay')."""
 
-    stride: int = 4
-    """Frames between consecutive judged windows within an episode (1 = every frame)."""
-    batch_size: int = 32
-    """Windows scored per judge call."""
     threshold_tolerance_se: float = 1.0
     """Wherever a threshold is chosen by the kappa of per-episode verdicts against the simulator's (train-reward's
     reward.training.threshold_from 'episode_kappa', rl.judge_threshold 'replay'): of the thresholds whose kappa lies
@@ -90,8 +84,6 @@ class CalibrateConfig:
     nothing, not even real successes. rl.train_tasks 'tracked' keeps the tasks whose kappa clears it too."""
 
     def validate(self) -> None:
-        if self.stride < 1 or self.batch_size < 1:
-            raise ValueError("calibrate: stride and batch_size must be >= 1")
         if self.threshold_tolerance_se < 0 or self.threshold_significance_se < 0:
             raise ValueError("calibrate: threshold_tolerance_se and threshold_significance_se must be >= 0")
 

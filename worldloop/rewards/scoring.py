@@ -6,18 +6,25 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from worldloop.rewards.configuration import CalibrateConfig
 from worldloop.rewards.labels import labelled_windows
 from worldloop.rewards.metrics import at_threshold, auroc, suggest_thresholds, value_order_correlation
 from worldloop.rewards.protocol import Judge
 
 
-def score_windows(judge: Judge, episodes: Iterable[Any], config: CalibrateConfig) -> dict[str, np.ndarray]:
-    """Score every labelled window; returns per-window arrays (score, probability, label, episode, time)."""
+WINDOW_STRIDE = 4
+"""Frames between consecutive judged windows within an episode (the last labelled frame always ends one)."""
+JUDGE_BATCH = 64
+"""Windows scored per judge call (TOPReward splits them further at reward.topreward.max_batch), and episodes replayed
+at once in a world model (`calibrate-reward --world-model`)."""
+
+
+def score_windows(judge: Judge, episodes: Iterable[Any], stride: int = WINDOW_STRIDE) -> dict[str, np.ndarray]:
+    """Score the labelled windows that end at every ``stride``-th labelled frame of each episode; returns per-window
+    arrays (score, probability, label, episode, time)."""
     from tqdm import tqdm
 
     columns: dict[str, list] = {"score": [], "probability": [], "success": [], "episode": [], "time": [], "episode_success": []}
-    for batch in tqdm(labelled_windows(episodes, judge.window, config.stride, config.batch_size), desc="calibrate-reward", unit="batch"):
+    for batch in tqdm(labelled_windows(episodes, judge.window, stride, JUDGE_BATCH), desc="calibrate-reward", unit="batch"):
         scores = judge.score(batch.windows.to(judge.device), batch.instructions)
         columns["score"].append(scores.float().cpu().numpy())
         columns["probability"].append(judge.probability(scores).float().cpu().numpy())

@@ -1,8 +1,8 @@
 """Training the success classifier (``worldloop train-reward``), top to bottom.
 
 labelled frames (see labels.py) -> class-balanced batches (half success, half failure) ->
-world-model artefact augmentations on the device -> BCE -> AdamW step; every ``eval_every``
-steps: held-out AUROC to TensorBoard and an atomic checkpoint (exact resume). At the end the
+world-model artefact augmentations on the device -> BCE -> AdamW step; every quarter of the steps
+(:data:`worldloop.utils.checkpoint.EVALUATIONS`): held-out AUROC to TensorBoard and an atomic checkpoint (exact resume). At the end the
 classifier is saved to ``RW/model`` and its held-out metrics to ``RW/metrics.json``.
 
 Under torchrun (:mod:`worldloop.utils.distributed`) every rank draws and augments the same global batch and trains on
@@ -24,7 +24,7 @@ from worldloop.rewards.configuration import RewardConfig
 from worldloop.rewards.labels import NO_POSITIVE_HINT, LabelledFrames
 from worldloop.rewards.metrics import at_threshold, auroc, episode_verdict_metrics, max_kappa_threshold, per_episode, suggest_thresholds
 from worldloop.utils import distributed
-from worldloop.utils.checkpoint import announce_resume, latest_checkpoint, load_checkpoint, save_checkpoint
+from worldloop.utils.checkpoint import announce_resume, evaluation_interval, latest_checkpoint, load_checkpoint, save_checkpoint
 from worldloop.utils.device import autocast_dtype
 from worldloop.utils.io import atomic_write_json
 
@@ -153,7 +153,7 @@ def train_classifier(
         progress.update(1)
         progress.set_postfix(loss=f"{bce:.3f}")
         writer.add_scalar("train/bce", bce, step)
-        if step % config.eval_every == 0 or step == config.steps:
+        if step % evaluation_interval(config.steps) == 0 or step == config.steps:
             if main and held_out is not None and len(held_out):
                 metrics = evaluate(model, held_out)
                 if metrics["auroc"] is not None:

@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from worldloop.data.configuration import FPS
 from worldloop.policies import EXPERT
 from worldloop.utils.stats import rate_with_stderr
 
@@ -184,7 +185,7 @@ def evaluate_policy(
         "observed_through": None if world_model is None else str(world_model),
     }
     if out is not None:
-        write_results(results, out, {j: (jobs[j], bool(success[j]), clip) for j, clip in videos.items()}, config.collect.fps)
+        write_results(results, out, {j: (jobs[j], bool(success[j]), clip) for j, clip in videos.items()}, FPS)
     return results
 
 

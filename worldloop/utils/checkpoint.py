@@ -11,6 +11,7 @@ with every rank's RNG states, and each rank restores its own on resume.
 
 from __future__ import annotations
 
+import math
 import random
 import shutil
 from pathlib import Path
@@ -24,6 +25,15 @@ from worldloop.utils import distributed
 from worldloop.utils.io import atomic_dir, atomic_write_text
 
 CHECKPOINTS = "checkpoints"
+EVALUATIONS = 4
+"""Held-out evaluations of a `worldloop sft` or `train-reward` run, each with a checkpoint (a resume point): every
+quarter of its steps, and at the end (the metaworld-gpu preset's sft.steps 800 and reward.training.steps 2000 had them
+every 200 and 500 steps)."""
+
+
+def evaluation_interval(steps: int) -> int:
+    """Steps between the held-out evaluations and checkpoints of a run of ``steps`` steps (:data:`EVALUATIONS`)."""
+    return max(1, math.ceil(steps / EVALUATIONS))
 
 
 def rng_state() -> dict[str, Any]:
