@@ -276,6 +276,13 @@ def test_rl_checks_on_two_ranks_find_what_one_process_finds(tmp_path):
     written = sorted(path.name for path in (tmp_path / "two" / "videos").iterdir())  # rank 0's: of episodes 0, 2, 4, ...
     assert written == [f"iteration_{i:04d}_reach-top-right_{n:02d}.mp4" for i in (0, 1) for n in (0, 2)]
     assert json.loads((tmp_path / "two" / "evaluations.json").read_text())["evaluations"][0]["per_episode"] == start["per_episode"]
+    # rerun, the finished run takes its calibration back: each rank its threshold and its own share of the saved episodes
+    for before, again in zip((first, second), run_ranks(_rl_checks_and_one_iteration, 2, tmp_path / "two", [])):
+        assert again["threshold"] == before["threshold"] and again["evaluations"] == before["evaluations"]
+        chunks = before["labelled"].actions.shape[1]  # the saved episodes are padded to the longest rank's
+        assert torch.equal(again["labelled"].first.frames, before["labelled"].first.frames)
+        assert torch.equal(again["labelled"].actions[:, :chunks], before["labelled"].actions)
+        assert torch.equal(again["labelled"].success_once, before["labelled"].success_once)
 
 
 def _refining_rl(out: Path):

@@ -192,10 +192,13 @@ class LabelledEpisodes:
 
     def select(self, indices: Sequence[int]) -> "LabelledEpisodes":
         """These episodes only (a rank's dealt share of a calibration's, :func:`worldloop.utils.distributed.dealt`)."""
-        index = torch.as_tensor(list(indices), dtype=torch.long)
-        on = lambda tensor: tensor[index.to(tensor.device)]  # noqa: E731
-        return LabelledEpisodes(EnvReset(on(self.first.frames), [self.first.instructions[i] for i in index.tolist()]), on(self.actions), on(self.done),
-                                on(self.success_once))  # fmt: skip
+        index = list(indices)
+
+        def rows_of(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor[torch.as_tensor(index, dtype=torch.long, device=tensor.device)]
+
+        first = EnvReset(rows_of(self.first.frames), [self.first.instructions[i] for i in index])
+        return LabelledEpisodes(first, rows_of(self.actions), rows_of(self.done), rows_of(self.success_once))
 
     @classmethod
     def joined(cls, rows: list[tuple]) -> "LabelledEpisodes":
@@ -211,9 +214,10 @@ class LabelledEpisodes:
                    torch.stack(success))  # fmt: skip
 
     def rows(self) -> list[tuple]:
-        """One (first frame, instruction, actions, done, success) per episode, on the CPU: to gather them over ranks."""
-        cpu = [tensor.cpu() for tensor in (self.first.frames, self.actions, self.done, self.success_once)]
-        return [(cpu[0][i], self.first.instructions[i], cpu[1][i], cpu[2][i], cpu[3][i]) for i in range(len(self.first.instructions))]
+        """One (first frame, instruction, actions, done, success) per episode, on the CPU: to gather them over ranks
+        (each its own copy: a view would carry the whole batch's storage along when pickled)."""
+        frames, actions, done, success = (tensor.cpu() for tensor in (self.first.frames, self.actions, self.done, self.success_once))
+        return [(frames[i].clone(), text, actions[i].clone(), done[i].clone(), success[i].clone()) for i, text in enumerate(self.first.instructions)]
 
     @classmethod
     def load(cls, path: str | Path) -> "LabelledEpisodes":
@@ -327,8 +331,9 @@ def episode_tracking(real: Rollout, imagined: Rollout, tokens_on_reconstructed: 
                 # what a policy that saw the real world through the VAE too would share with its imagined self
                 "token_agreement_reconstructed_imagined": (tokens_imagined == reconstructed).float().mean(dim=1),
             }
+        measures = {name: values.float().cpu().tolist() for name, values in measures.items()}
         for row, episode in enumerate(running.nonzero().flatten().tolist()):
-            episodes[episode]["measures"][chunks] = {name: float(values[row]) for name, values in measures.items()}
+            episodes[episode]["measures"][chunks] = {name: values[row] for name, values in measures.items()}
         chunks *= 2
     return episodes
 
