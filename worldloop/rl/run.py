@@ -62,7 +62,7 @@ class RLRun:
         self.writer = distributed.summary_writer(str(self.out / "tb"), purge_step=start)  # rank 0 writes
         training_tasks = self.monitor.start(policy, start, tasks, self.writer) if self.monitor is not None else tasks
         ended = (self.monitor is not None and self.monitor.stopped) or not training_tasks
-        return (start, *distributed.broadcast_object((training_tasks, ended)))  # rank 0's monitor decides for every rank
+        return (start, *distributed.broadcast_object((training_tasks, ended)))  # every rank's monitor decides alike; rank 0's counts
 
     def after_iteration(self, policy: Any, done_iterations: int, metrics: dict[str, float], training_tasks: list) -> tuple[list, bool]:
         """Log an iteration's metrics; the monitor watches (reality checks, warnings, stop rules); an atomic
@@ -75,7 +75,7 @@ class RLRun:
             tqdm.write(f"it {done_iterations}: " + " ".join(f"{name} {metrics[name]:.4g}" for name in SHOWN if name in metrics))
         ended = done_iterations == self.rl.iterations
         decision = self.monitor.after_iteration(policy, done_iterations, metrics) if self.monitor is not None else (None, ended)
-        left, ended = distributed.broadcast_object(decision)  # under torchrun only rank 0 has a monitor
+        left, ended = distributed.broadcast_object(decision)  # rank 0's decision, which every rank's monitor also made
         training_tasks = training_tasks if left is None else left
         if ended or done_iterations % self.rl.checkpoint_every == 0:
             watched = self.monitor.state() if self.monitor is not None else {}
