@@ -4,6 +4,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import json
 import os
 import socket
 import tempfile
@@ -191,30 +192,148 @@ def test_rl_on_two_ranks_keeps_groups_whole_and_the_weights_equal(tmp_path):
     assert (tmp_path / "two" / "results.json").is_file() and len(list((tmp_path / "two" / "tb").iterdir())) == 1
 
 
-def _shared_checks():
-    """Rank 0's checks choose the judge's thresholds and keep one task; every rank returns what it then judges with."""
-    from types import SimpleNamespace
+def _rl_checks_and_one_iteration(out: Path, overrides: list[str]):
+    """rl's checks (rl_checks: the judge's replay calibration with rl.train_tasks=tracked, then the reality check) in
+    the toy world, real and imagined, over however many ranks run; then one GRPO iteration watched by the monitor,
+    which checks before and after it. What each rank's calibration and checks found and what the run kept."""
+    from _rl_fixtures import ToyPolicy
+    from test_rl_env import make_pool
 
-    from worldloop.diagnostics.reality import shared_checks
+    from worldloop.config import load_config
+    from worldloop.diagnostics import reality
+    from worldloop.diagnostics.monitor import train_watched
+    from worldloop.envs.imagined import ImaginedEnv
+    from worldloop.envs.toy import ToyEnv, ToyJudge, ToyWorldModel
 
-    judge = SimpleNamespace(threshold=0.5, task_thresholds={})
-    ran = []
+    def toy_imagined(config, world_model, judge, dataset, keyframes, num_envs, group_size, max_steps, device, kir_ratio=None):
+        return ImaginedEnv(world_model, judge, make_pool(32, 3), num_envs, group_size, max_steps, kir_ratio=kir_ratio or 0.0)
 
-    def rank_0_checks():
-        ran.append(distributed.rank())
-        judge.threshold, judge.task_thresholds = 0.9, {"open the door": 0.7}  # as calibrate_threshold applies its choice
-        return "check", "calibration", ["door-open-v3"]
+    made = []
 
-    check, calibration, kept = shared_checks(rank_0_checks, judge, ["door-open-v3", "reach-v3"])
-    return ran, check, kept, judge.threshold, judge.task_thresholds
+    def toy_env(config, num_envs, tasks):
+        made.append(num_envs)
+        return ToyEnv(num_envs, tasks=tasks)
+
+    tasks = ["reach-top-right", "reach-bottom-left"]
+    real_functions = reality.make_env, reality.imagined_env, reality.eval_seed
+    reality.make_env, reality.imagined_env = toy_env, toy_imagined  # the toy world, and its tasks' seeds, in place of Meta-World's
+    reality.eval_seed = lambda task, episode: 1000 * tasks.index(task) + episode
+    try:
+        config = load_config("tiny-cpu", ["rl.eval_episodes_per_task=24", "rl.judge_threshold=replay", "rl.train_tasks=tracked", "eval.greedy=true", "eval.videos_per_task=2",
+                                          "rl.diagnostics.imagined_actions_in_reality=true",
+                                          "rl.eval_tasks=[]", "rl.iterations=1", "rl.eval_every=1", "rl.num_groups=2", "rl.group_size=4", "rl.max_steps=16", *overrides])  # fmt: skip
+        torch.manual_seed(0)
+        policy, judge, closers = ToyPolicy(), ToyJudge(threshold=1e-3), []
+        check, calibration, kept = reality.rl_checks(config, policy, ToyWorldModel(), judge, None, "cpu", closers, tasks, out)
+        env = ImaginedEnv(ToyWorldModel(), judge, make_pool(32, 3), distributed.share(2, "rl.num_groups") * 4, 4, 16, kir_ratio=0.0)
+        results = train_watched(policy, env, config.rl, out, reality_check=check, tasks=[0], console=False)
+    finally:
+        reality.make_env, reality.imagined_env, reality.eval_seed = real_functions
+        for opened in closers:
+            opened.close()
+    calibrated = json.loads((out / "judge_calibration.json").read_text()) if (out / "judge_calibration.json").is_file() else None
+    evaluations = [{k: v for k, v in e.items() if k != "seconds"} for e in (results or {}).get("evaluations", [])]
+    return {"calibrated": calibrated, "threshold": judge.threshold, "kept": kept, "envs": made, "evaluations": evaluations,
+            "labelled": calibration.labelled, "seeds": [check.seeds[i] for i in check.mine]}  # fmt: skip
 
 
-def test_rank_0_calibrates_the_judge_and_every_rank_judges_at_its_thresholds():
-    """rl.judge_threshold=replay under torchrun: rank 0 alone runs the checks and the calibration; the other rank takes
-    the thresholds it chose (per instruction too) and the tasks it kept, and has no check of its own."""
-    first, second = run_ranks(_shared_checks, 2)
-    assert first == ([0], "check", ["door-open-v3"], 0.9, {"open the door": 0.7})
-    assert second == ([], None, ["door-open-v3"], 0.9, {"open the door": 0.7})
+def test_rl_checks_on_two_ranks_find_what_one_process_finds(tmp_path):
+    """rl.judge_threshold=replay and the reality checks under torchrun: each rank runs half of every check's episodes
+    (half the simulator envs, every other episode), and every rank ends with what one process finds: the same
+    calibrated threshold, per-episode replay scores and kept tasks, and at the first check the same verdicts, episode
+    by episode, and summaries (greedy policy). The monitor on each rank sees every episode at each check; rank 0 alone
+    writes the calibration, its episodes (all of them) and the videos."""
+    import json
+
+    one = _rl_checks_and_one_iteration(tmp_path / "one", [])
+    first, second = run_ranks(_rl_checks_and_one_iteration, 2, tmp_path / "two", [])
+    # the calibration's simulator envs (2 tasks x 24 episodes), then the check's on the one task tracked (rl.train_tasks=tracked)
+    assert one["envs"] == [48, 24] and first["envs"] == second["envs"] == [24, 12]
+    assert first["seeds"] + second["seeds"] != one["seeds"] and sorted(first["seeds"] + second["seeds"]) == sorted(one["seeds"])
+    assert first["seeds"] == one["seeds"][0::2] and second["seeds"] == one["seeds"][1::2]  # dealt in turn
+    calibrated = one["calibrated"]
+    assert calibrated["calibrated"] and 0 < calibrated["real"]["success_once"] < 1, calibrated  # successes and failures to choose on
+    scores = [result["calibrated"]["per_episode"].pop("score") for result in (one, first)]
+    assert scores[1] == pytest.approx(scores[0], rel=1e-5, abs=1e-12)  # the same replays, in batches of another size
+    assert first["calibrated"] == {**calibrated, "seconds": first["calibrated"]["seconds"]}  # each episode's verdict included
+    assert second["calibrated"] is not None  # the file rank 0 wrote, read after the run
+    assert one["threshold"] == first["threshold"] == second["threshold"] == calibrated["threshold"] != 1e-3
+    assert one["kept"] == first["kept"] == second["kept"] == ["reach-top-right"]  # the other task's replays all fail: no kappa
+    saved = torch.load(tmp_path / "two" / "judge_calibration_episodes.pt", weights_only=True)
+    alone = torch.load(tmp_path / "one" / "judge_calibration_episodes.pt", weights_only=True)
+    assert torch.equal(saved["frames"], alone["frames"]) and saved["instructions"] == alone["instructions"]
+    assert torch.equal(saved["success_once"], alone["success_once"])
+    assert len(saved["instructions"]) == 48 and torch.equal(first["labelled"].success_once, alone["success_once"][0::2])  # each rank keeps its own
+    # the first check, before any training: every verdict and summary as one process's
+    for rank in (first, second):
+        assert rank["evaluations"][0] == one["evaluations"][0]
+    start = one["evaluations"][0]
+    assert set(start["per_episode"]) == {"real", "imagined", "judged_real", "replayed", "imagined_actions_in_reality"}
+    assert 0 < start["real"]["success_once"] < 1 and start["tracking"] and start["imagined_actions_in_reality"]["versus_closed_loop"]
+    # after the iteration (each rank sampled its own rollouts): both ranks hold the same check of all the episodes
+    assert len(first["evaluations"]) == 2 and first["evaluations"] == second["evaluations"]
+    assert len(first["evaluations"][1]["per_episode"]["real"]) == 24
+    written = sorted(path.name for path in (tmp_path / "two" / "videos").iterdir())  # rank 0's: of episodes 0, 2, 4, ...
+    assert written == [f"iteration_{i:04d}_reach-top-right_{n:02d}.mp4" for i in (0, 1) for n in (0, 2)]
+    assert json.loads((tmp_path / "two" / "evaluations.json").read_text())["evaluations"][0]["per_episode"] == start["per_episode"]
+    # rerun, the finished run takes its calibration back: each rank its threshold and its own share of the saved episodes
+    for before, again in zip((first, second), run_ranks(_rl_checks_and_one_iteration, 2, tmp_path / "two", [])):
+        assert again["threshold"] == before["threshold"] and again["evaluations"] == before["evaluations"]
+        chunks = before["labelled"].actions.shape[1]  # the saved episodes are padded to the longest rank's
+        assert torch.equal(again["labelled"].first.frames, before["labelled"].first.frames)
+        assert torch.equal(again["labelled"].actions[:, :chunks], before["labelled"].actions)
+        assert torch.equal(again["labelled"].success_once, before["labelled"].success_once)
+
+
+def _refining_rl(out: Path):
+    """One GRPO iteration in the toy world followed by a refinement round of a tiny world model, over however many ranks
+    run, with rl.judge_threshold=replay's calibration chosen again after the round. Each rank's world-model DiT before
+    and after, the calibrated threshold, the judge's threshold after the round, and the results."""
+    from _rl_fixtures import ToyPolicy
+    from _worldmodel_fixtures import square_episodes, tiny_vae
+    from test_rl_env import make_pool
+
+    from worldloop.diagnostics.monitor import train_watched
+    from worldloop.diagnostics.reality import RealityCheck
+    from worldloop.envs.imagined import ImaginedEnv
+    from worldloop.envs.toy import ToyEnv, ToyJudge, ToyWorldModel
+    from worldloop.rl.configuration import RLConfig
+    from worldloop.rl.refine import WorldModelRefiner
+    from worldloop.worldmodel.configuration import WorldModelConfig
+    from worldloop.worldmodel.rollout import WorldModel
+
+    clips, task, main = WorldModelConfig(batch_size=4, clip_stride=4, sampling_steps=1), "reach-top-right", distributed.is_main()
+    torch.manual_seed(1)
+    world_model = WorldModel.build(clips, tiny_vae(), 32, 2, device="cpu")
+    before = [p.detach().clone() for p in world_model.dit.parameters()]
+    rl = RLConfig(iterations=1, group_size=4, num_groups=2, max_steps=16, lr=3e-3, checkpoint_every=1, refine_every=1, refine_episodes_per_task=4,
+                  refine_steps=3)  # fmt: skip
+    refiner = WorldModelRefiner(world_model, ToyEnv(4, max_steps=32) if main else None, [task], square_episodes(2, seed=1, length=24) if main else (),
+                                rl, clips, out, seed=0, lr=1e-3, ema_decay=0.5)  # rank 0 alone collects and learns  # fmt: skip
+    judge, here = ToyJudge(threshold=1e-3), len(distributed.dealt(32))
+    calibration = RealityCheck(ToyEnv(here), [task], 32, imagined_env=ImaginedEnv(ToyWorldModel(), judge, make_pool(32, 3), here, 1, max_steps=16, kir_ratio=0.0),
+                               seeds=[5000 + e for e in range(32)])  # fmt: skip
+    torch.manual_seed(0)
+    policy = ToyPolicy()
+    calibrated = calibration.calibrate_judge(policy, 1.0)["threshold"]
+    judge.threshold, refiner.judge_check = 1e-3, calibration  # the round chooses it again
+    env = ImaginedEnv(ToyWorldModel(), ToyJudge(), make_pool(32, 3), distributed.share(rl.num_groups, "rl.num_groups") * 4, 4, max_steps=16, kir_ratio=0.3)
+    results = train_watched(policy, env, rl, out, seed=3, refiner=refiner, console=False)
+    return before, [p.detach().clone() for p in world_model.dit.parameters()], calibrated, judge.threshold, results
+
+
+def test_a_refinement_round_on_two_ranks_leaves_every_rank_in_the_same_refined_world_model(tmp_path):
+    """rl.refine_every under torchrun: rank 0 collects the real rollouts and fine-tunes the world model; every rank's
+    imagined environment then holds its refined weights, and every rank's judge the threshold chosen again on all the
+    calibration's episodes (each rank replaying its own); rank 0 alone writes the refined model."""
+    (before, after, calibrated, threshold, results), (before_1, after_1, calibrated_1, threshold_1, results_1) = run_ranks(_refining_rl, 2, tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(before, before_1))
+    assert all(torch.equal(a, b) for a, b in zip(after, after_1))  # the same refined world model on both ranks
+    assert max(float((a - b).abs().max()) for a, b in zip(after, before)) > 1e-4  # which the round changed
+    assert calibrated == calibrated_1 != 1e-3 and threshold == threshold_1 == calibrated  # the toy judge's world is unchanged: the same choice
+    assert results_1["history"] == results["history"] and "world_model/refine_loss" in results["history"][0]
+    assert results["history"][0]["world_model/judge_threshold"] == threshold
+    assert (tmp_path / "world_model").is_dir() and len(list((tmp_path / "refine").glob("round_*.safetensors"))) == 1
 
 
 # ----------------------------------------------------------------------------------------------------- bench

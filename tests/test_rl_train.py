@@ -37,8 +37,8 @@ class ShuffledStarts:
     def __init__(self, env):
         self.env, self.num_envs = env, env.num_envs
 
-    def reset_to(self, frames, instructions):
-        return self.env.reset_to(frames[torch.randperm(len(frames))], instructions)
+    def reset_to(self, frames, instructions, noise_seeds=None):
+        return self.env.reset_to(frames[torch.randperm(len(frames))], instructions, noise_seeds=noise_seeds)
 
     def __getattr__(self, name):
         return getattr(self.env, name)

@@ -85,8 +85,4 @@ def check_arguments(args: argparse.Namespace, rl) -> None:
     elif args.keyframes or args.dataset:
         raise ConfigError("--keyframes and --dataset have no use with --env real (the simulator starts from its own initial states); "
                           "--world-model and --judge, when given, measure the imagination-reality gap")
-    from worldloop.utils import distributed
-
-    if distributed.launched() and rl.refine_every > 0:
-        raise ConfigError(f"rl.refine_every={rl.refine_every} refines the world model in one process: run it without torchrun, or set rl.refine_every=0")
     check_diagnostics(rl, bool(args.world_model), bool(args.judge))

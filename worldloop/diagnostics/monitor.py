@@ -10,6 +10,11 @@ the start of a run, after each iteration and at its end. :class:`RunMonitor`:
 - turns each check and each iteration's metrics into warnings (:mod:`worldloop.diagnostics.warnings`);
 - stops the run when real success falls (``rl.diagnostics.stop_when_real_falls_se``, keeping the weights of the last
   check at which it held) or when ``rl.time_limit_min`` would be passed.
+
+Under torchrun every rank has its monitor and runs its share of each check's episodes; the checks' results are all
+the episodes' on every rank (:class:`worldloop.diagnostics.reality.RealityCheck`), so every monitor warns and stops
+alike. Rank 0 alone prints and writes (TensorBoard, evaluations.json, the held weights), and its clock decides when
+the time is up.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from worldloop.rl.configuration import RLConfig
 from worldloop.rl.rollout import tracking_line
 from worldloop.rl.summary import _agreement, _rate, gap_steps, imagined_actions_line, since_first_line, sources_line
 from worldloop.rl.trainer import train
+from worldloop.utils import distributed
 from worldloop.utils.io import atomic_path, atomic_write_json
 
 
@@ -47,7 +53,8 @@ class RunMonitor:
     :class:`worldloop.diagnostics.reality.RealityCheck`); None: warnings and the time budget only."""
 
     def __init__(self, rl: RLConfig, out: str | Path, reality_check: Callable[[Any, str], dict[str, Any]] | None = None, console: bool = True):
-        self.rl, self.out, self.reality_check, self.console = rl, Path(out), reality_check, console
+        self.rl, self.out, self.reality_check = rl, Path(out), reality_check
+        self.console, self.writes = console and distributed.is_main(), distributed.is_main()  # under torchrun, rank 0 speaks and writes
         self.held_path = self.out / "policy_held.pt"  # the weights of the last check at which real success held
         self.evaluations: list[dict[str, Any]] = []
         self.warnings: list[dict[str, Any]] = []
@@ -91,6 +98,7 @@ class RunMonitor:
         evaluating = checking and bool(self.rl.eval_every) and iteration % self.rl.eval_every == 0
         out_of_time = time_is_up(time.perf_counter() - self.run_began, self.slowest_iteration, self.eval_seconds if checking else 0.0,
                                  evaluating, self.rl.time_limit_min)  # fmt: skip
+        out_of_time = distributed.broadcast_object(out_of_time)  # rank 0's clock: every rank checks (or stops) alike
         last = iteration == self.rl.iterations or out_of_time
         if checking and (last or evaluating):
             self.evaluate(policy, iteration)
@@ -188,7 +196,8 @@ class RunMonitor:
         self.eval_seconds = result["seconds"] = time.perf_counter() - began
         self.writer.add_scalar("time/eval", self.eval_seconds, iteration)
         # every check so far, kept as soon as it is made: a run cut short (a machine taken away) keeps them, per-episode verdicts included
-        atomic_write_json(self.out / "evaluations.json", {"evaluations": self.evaluations, "warnings": self.warnings})
+        if self.writes:
+            atomic_write_json(self.out / "evaluations.json", {"evaluations": self.evaluations, "warnings": self.warnings})
         if self.console:
             tqdm.write(line)
 
@@ -198,8 +207,9 @@ class RunMonitor:
             return None
         fallen = real_success_fall(self.evaluations[0], self.evaluations[-1], self.rl.diagnostics.stop_when_real_falls_se)
         if not fallen:
-            with atomic_path(self.held_path) as tmp:
-                torch.save({"iteration": iteration, "policy": policy.state_dict()}, tmp)
+            if self.writes:
+                with atomic_path(self.held_path) as tmp:
+                    torch.save({"iteration": iteration, "policy": policy.state_dict()}, tmp)
             return None
         # none held: a run resumed with the option that began without it; its final policy is then this one
         held = torch.load(self.held_path, map_location="cpu", weights_only=True)["iteration"] if self.held_path.is_file() else iteration
@@ -222,11 +232,11 @@ def run_rl(config: Any, policy: Any, out: str | Path, imagined: bool, world_mode
            device: Any = "cpu") -> dict[str, Any] | None:  # fmt: skip
     """What ``worldloop rl`` runs once its inputs are loaded: the training environment (imagined in ``world_model``,
     judged by the ``judge`` folder or topreward:PATH, from ``dataset``'s first frames and the ``keyframes``; or the real
-    simulator), the reality checks and the judge's calibration (rank 0 under torchrun), the tasks imagination tracks
-    (rl.train_tasks), the world model's refinement rounds (rl.refine_every), then :func:`train_watched`. Closes every
-    environment it opens; returns the results on rank 0, None on the others."""
+    simulator), the reality checks and the judge's calibration (under torchrun each rank runs its share of their
+    episodes), the tasks imagination tracks (rl.train_tasks), the world model's refinement rounds (rl.refine_every),
+    then :func:`train_watched`. Closes every environment it opens; returns the results on rank 0, None on the others."""
     from worldloop.data.dataset import TrajectoryDataset
-    from worldloop.diagnostics.reality import instruction_of, load_rl_judge, rl_checks, shared_checks, training_env
+    from worldloop.diagnostics.reality import instruction_of, load_rl_judge, rl_checks, training_env
     from worldloop.policies.modeling_vla import with_value_head
     from worldloop.rl.refine import world_model_refiner
     from worldloop.utils import distributed
@@ -240,15 +250,14 @@ def run_rl(config: Any, policy: Any, out: str | Path, imagined: bool, world_mode
         episodes = TrajectoryDataset(dataset) if dataset else None
         env, instructions, sim_tasks = training_env(config, imagined, world_model, judge_model, episodes, keyframes, tasks, device, num_envs)
         closers.append(env)
-        check, calibration, kept = shared_checks(  # under torchrun, rank 0 checks and calibrates; every rank judges alike
-            lambda: rl_checks(config, policy, world_model, judge_model, episodes, device, closers, sim_tasks, Path(out), keyframes),
-            judge_model, sim_tasks)  # fmt: skip
+        check, calibration, kept = rl_checks(config, policy, world_model, judge_model, episodes, device, closers, sim_tasks, Path(out), keyframes)
         if kept != sim_tasks:  # rl.train_tasks=tracked
             sim_tasks, instructions = kept, [instruction_of(task) for task in kept]
         refiner = None
         if imagined and rl.refine_every > 0:
             refiner = world_model_refiner(config, world_model, episodes, sim_tasks, out, calibration)
-            closers.append(refiner.real_env)
+            if refiner.real_env is not None:  # under torchrun, rank 0's
+                closers.append(refiner.real_env)
         results = train_watched(policy, env, rl, out, seed=config.seed, tasks=instructions, reality_check=check, refiner=refiner,
                                 progress_bar=progress_bar)
     finally:

@@ -8,6 +8,10 @@ What ``worldloop rl`` (and any other command that measures a policy against imag
 - :func:`calibrate_threshold`: rl.judge_threshold=replay, the judge's threshold chosen on the policy's real episodes
   replayed in the world model; :func:`tracked_tasks`: rl.train_tasks=tracked, the tasks imagination tracks;
 - :func:`imagined_env`, :func:`load_rl_judge`, :func:`instruction_of`: the imagined environment and judge they use.
+
+Under torchrun the checks and the calibration are data-parallel like the training: every rank runs its share of the
+episodes (dealt in turn, :func:`worldloop.utils.distributed.dealt`), the per-episode records are gathered in their
+one-process order, and every rank summarises and calibrates on all of them; rank 0 alone writes files and prints.
 """
 
 from __future__ import annotations
@@ -38,15 +42,17 @@ from worldloop.rl.rollout import (
     autocast,
     collect,
     episode_frames,
+    episode_tracking,
     paired_changes,
     policy_device,
     replay,
     replay_in_reality,
     summarize,
-    trajectory_tracking,
+    tracking_rows,
 )
 from worldloop.sims import make_env
 from worldloop.sims.tasks import instruction, resolve_tasks, sim_tasks
+from worldloop.utils import distributed
 from worldloop.utils.io import atomic_write_json, read_json
 from worldloop.utils.stats import agreement_beyond_chance, format_kappa, kappa_above_chance
 
@@ -57,12 +63,17 @@ def reality_check(config: Config, tasks: list[str], world_model, judge, dataset,
     initial states (episode numbers from ``first_episode`` on) and, with a world model and judge, the same in
     imagination, and with ``keyframes`` (a KIR folder) in imagination from those keyframes too. Its environments
     are ``shared``'s (a check on the same tasks) or new ones, added to ``closers``. It samples as the eval verb does
-    and writes eval.videos_per_task videos per task into ``video_dir`` when that is given."""
+    and writes eval.videos_per_task videos per task into ``video_dir`` when that is given. Under torchrun the
+    environments hold this rank's share of the episodes (:class:`RealityCheck`)."""
     per_task = config.rl.eval_episodes_per_task
     count = len(tasks) * per_task
     if shared is not None and shared.task_of_episode == [task for task in tasks for _ in range(per_task)]:
         real_env, gap_env = shared.real_env, shared.imagined_env
     else:
+        count = len(distributed.dealt(count))  # this process's episodes
+        if count == 0:
+            raise ConfigError(f"rl.eval_episodes_per_task={per_task} on {len(tasks)} tasks: {len(tasks) * per_task} episodes cannot be dealt over "
+                              f"{distributed.world_size()} processes; run at least one per process")  # fmt: skip
         real_env = through_codec(make_env(config, count, tasks=tasks), world_model, config)
         closers.append(real_env)
         gap_env = None
@@ -71,7 +82,7 @@ def reality_check(config: Config, tasks: list[str], world_model, judge, dataset,
             gap_env = imagined_env(config, world_model, judge, dataset, None, count, 1, horizon, device, kir_ratio=0.0)
     keyframe_env = None
     if keyframes and gap_env is not None:
-        keyframe_env = imagined_env(config, world_model, judge, dataset, keyframes, count, 1, gap_env.max_steps, device, kir_ratio=1.0)
+        keyframe_env = imagined_env(config, world_model, judge, dataset, keyframes, real_env.num_envs, 1, gap_env.max_steps, device, kir_ratio=1.0)
     seeds = [eval_seed(task, first_episode + e) for task in tasks for e in range(per_task)]
     return RealityCheck(real_env, tasks, per_task, gap_env, seeds, keyframe_env, CheckOptions.from_config(config, video_dir))
 
@@ -81,7 +92,10 @@ def rl_checks(config: Config, policy, world_model, judge, dataset, device, close
     """rl's reality check (None with rl.eval_episodes_per_task 0) on rl.eval_tasks (default: the training tasks),
     and with rl.judge_threshold=replay first the judge's calibration on other initial states of the same tasks
     (OUT/judge_calibration.json), which with rl.train_tasks=tracked also narrows the training tasks. Returns
-    (check, calibration or None, the simulator tasks to train on)."""
+    (check, calibration or None, the simulator tasks to train on).
+
+    Under torchrun every rank calls it and runs its share of both checks' episodes (:class:`RealityCheck`); all of
+    them choose the same thresholds and keep the same tasks from all the episodes, and rank 0 alone writes."""
     rl = config.rl
     if rl.eval_episodes_per_task == 0:
         return None, None, train_tasks
@@ -98,23 +112,6 @@ def rl_checks(config: Config, policy, world_model, judge, dataset, device, close
         closers.remove(calibration.real_env)  # its episodes are taken; a refined model's recalibration only replays them
         calibration.real_env.close()
     return check, calibration, train_tasks
-
-
-def shared_checks(rl_checks_of_rank_0, judge, train_tasks: list[str]) -> tuple[Any, Any, list[str]]:
-    """rl's checks under torchrun: rank 0 runs ``rl_checks_of_rank_0()`` (the reality check and, with
-    rl.judge_threshold=replay, the judge's calibration); every other rank takes the thresholds rank 0 chose and the
-    tasks it kept, and runs no check. Without torchrun: ``rl_checks_of_rank_0()`` itself."""
-    from worldloop.rl.rollout import apply_calibration
-    from worldloop.utils import distributed
-
-    if not distributed.active():
-        return rl_checks_of_rank_0()
-    check, calibration, kept = rl_checks_of_rank_0() if distributed.is_main() else (None, None, train_tasks)
-    thresholds = {"threshold": judge.threshold, "instruction_thresholds": getattr(judge, "task_thresholds", {})} if judge is not None else None
-    thresholds, kept = distributed.broadcast_object((thresholds, kept))
-    if judge is not None:
-        apply_calibration(judge, thresholds)
-    return check, calibration, kept
 
 
 def check_diagnostics(rl, world_model: bool, judge: bool) -> None:
@@ -171,22 +168,28 @@ def calibrate_threshold(calibration, policy, judge, rl, path, calibrate=None) ->
     """rl.judge_threshold=replay: the judge's threshold from ``policy``'s real episodes replayed in the
     world model (RealityCheck.calibrate_judge), saved to ``path``, and the episodes beside it (PATH's stem +
     _episodes.pt, for rl.refine_every's recalibrations); a resumed run reads both back instead. Returns the
-    calibration (what ``path`` holds). ``calibrate`` (reward.calibrate, default its defaults) sets the standard-error rules."""
+    calibration (what ``path`` holds). ``calibrate`` (reward.calibrate, default its defaults) sets the standard-error rules.
+    Under torchrun every rank calibrates its judge alike (on all the episodes, each rank running its own) and
+    rank 0 alone writes and prints; the saved episodes are all of them, as one process saves them."""
     calibrate = calibrate or CalibrateConfig()
+    say = print if distributed.is_main() else lambda *args: None
 
     episodes = path.with_name(f"{path.stem}_episodes.pt")
     if path.is_file():
         result = read_json(path)
         apply_calibration(judge, result)
-        print(f"judge threshold {judge.threshold:.3f}{own_thresholds(result)}, calibrated before training ({path})")
+        say(f"judge threshold {judge.threshold:.3f}{own_thresholds(result)}, calibrated before training ({path})")
         if calibration is not None and episodes.is_file():
-            calibration.labelled = LabelledEpisodes.load(episodes)
+            calibration.label(LabelledEpisodes.load(episodes))
         return result
     began = time.perf_counter()
     result = calibration.calibrate_judge(policy, calibrate.threshold_tolerance_se, calibrate.threshold_significance_se,
                                          rl.diagnostics.threshold_per_task)  # fmt: skip
     result["seconds"] = time.perf_counter() - began  # its cost: one real evaluation and one replay
-    calibration.labelled.save(episodes)
+    labelled = calibration.all_labelled()
+    if not distributed.is_main():
+        return result
+    labelled.save(episodes)
     atomic_write_json(path, result)
     replays = result["per_episode"]
     plot_kappa_by_threshold(replays["score"], [c == "1" for c in replays["real"]], replays["task"],
@@ -242,7 +245,8 @@ def tracked_tasks(calibration: dict, candidates: list[str], significance_se: flo
         raise ConfigError(f"rl.train_tasks=tracked: no task's replays agree with the simulator more than {significance_se:g} SE beyond chance "
                           f"(kappa within each task: {kappas}), so RL's reward would be noise on all of them; try other tasks, "
                           "a better world model or judge, or rl.train_tasks=all")  # fmt: skip
-    print(f"rl: training on {', '.join(chosen)} of {', '.join(candidates)}, the tasks whose replays the judge tracks (kappa: {kappas})")
+    if distributed.is_main():
+        print(f"rl: training on {', '.join(chosen)} of {', '.join(candidates)}, the tasks whose replays the judge tracks (kappa: {kappas})")
     return chosen
 
 
@@ -322,7 +326,16 @@ class RealityCheck:
     what the policy did in imagination, against the imagined verdicts (``imagined_actions_in_reality``). Where
     imagination fails a task the simulator too fails with those actions, the policy acted worse on the imagined
     frames; where the simulator succeeds with them, the world model or the judge rendered them wrongly. Its
-    ``versus_closed_loop``: those actions' success against the policy's own in reality, paired per episode."""
+    ``versus_closed_loop``: those actions' success against the policy's own in reality, paired per episode.
+
+    Under torchrun every rank runs its share of the episodes, dealt in turn (:func:`worldloop.utils.distributed.dealt`:
+    rank r of W runs episodes r, r + W, ...; ``mine``), so its environments have that many envs; each episode keeps
+    its seed and its world-model noise (seeded by its number among all episodes), and the per-episode verdicts and
+    measures come back together in the one-process order (:func:`~worldloop.utils.distributed.gather_dealt`). Every
+    rank then summarises all the episodes, and a threshold calibration chooses on all of them, as one process would:
+    with a greedy policy (eval.greedy) the same results, episode by episode (up to the rounding of arithmetic in
+    batches of another size); sampling, each rank draws from its own random stream. The videos are rank 0's: of its own episodes, the first ``videos_per_task`` of each task, named by
+    the episode's number within its task (one process: 00, 01, ...; two: 00, 02, ...)."""
 
     def __init__(
         self,
@@ -335,18 +348,21 @@ class RealityCheck:
         options: CheckOptions = CheckOptions(),
     ):
         count = len(tasks) * episodes_per_task
-        if real_env.num_envs != count:
-            raise ValueError(f"the real evaluation env has {real_env.num_envs} envs; {len(tasks)} tasks x {episodes_per_task} episodes need {count}")
-        if imagined_env is not None and imagined_env.num_envs != count:
-            raise ValueError(f"the imagined evaluation env has {imagined_env.num_envs} envs; expected {count}")
+        self.mine = list(distributed.dealt(count))  # this process's episodes (all of them in one process)
+        here = len(self.mine)
+        on = f" (this process's share of {count} on {distributed.world_size()} processes)" if distributed.active() else ""
+        if real_env.num_envs != here:
+            raise ValueError(f"the real evaluation env has {real_env.num_envs} envs; {len(tasks)} tasks x {episodes_per_task} episodes need {here}{on}")
+        if imagined_env is not None and imagined_env.num_envs != here:
+            raise ValueError(f"the imagined evaluation env has {imagined_env.num_envs} envs; expected {here}{on}")
         if imagined_env is not None and int(imagined_env.image_size) != int(real_env.image_size):
             # found now, not after a whole real evaluation: the imagined run starts from the real frames, and its judge reads them
             raise ValueError(f"the real evaluation env renders {real_env.image_size}x{real_env.image_size} frames but the imagined one "
                              f"{imagined_env.image_size}x{imagined_env.image_size}: evaluate at the world model's resolution (sim.image_size)")
         if options.imagined_actions_in_reality and imagined_env is None:
             raise ValueError("imagined_actions_in_reality replays the imagined episodes' actions: it needs the imagined environment")
-        if keyframe_env is not None and (imagined_env is None or keyframe_env.num_envs != count):
-            raise ValueError(f"the keyframe evaluation needs the imagined one beside it and {count} envs")
+        if keyframe_env is not None and (imagined_env is None or keyframe_env.num_envs != here):
+            raise ValueError(f"the keyframe evaluation needs the imagined one beside it and {here} envs{on}")
         self.real_env, self.imagined_env, self.keyframe_env = real_env, imagined_env, keyframe_env
         self.task_of_episode = [task for task in tasks for _ in range(episodes_per_task)]
         default = [10**6 + 1000 * t + e for t in range(len(tasks)) for e in range(episodes_per_task)]
@@ -354,7 +370,7 @@ class RealityCheck:
         if len(self.seeds) != count:
             raise ValueError(f"RealityCheck got {len(self.seeds)} seeds for {count} episodes")
         self.options = options
-        self.labelled: LabelledEpisodes | None = None  # calibrate_judge's real episodes
+        self.labelled: LabelledEpisodes | None = None  # calibrate_judge's real episodes (this process's: those of ``mine``)
         self.through_codec = isinstance(real_env, CodecObservations)  # the policy sees reality through the world model's VAE
 
     def _tokens_on_reconstructed(self, policy: Any) -> Callable[[torch.Tensor, list[str]], torch.Tensor] | None:
@@ -372,44 +388,67 @@ class RealityCheck:
         return tokens
 
     def __call__(self, policy: Any, tag: str = "eval") -> dict[str, Any]:
-        """Real and imagined success of ``policy``; ``tag`` names this evaluation's videos."""
+        """Real and imagined success of ``policy``; ``tag`` names this evaluation's videos. Under torchrun every rank
+        calls it: each runs its episodes, and all get the summary of all."""
+        verdicts, tracking = self._run(policy, tag)
+        verdicts = {name: distributed.gather_dealt(mine) for name, mine in verdicts.items()}
+        return self._summary({name: torch.tensor(every) for name, every in verdicts.items()}, distributed.gather_dealt(tracking))
+
+    def _run(self, policy: Any, tag: str) -> tuple[dict[str, list[bool]], list[dict[str, Any]]]:
+        """This process's episodes: per source (real, imagined, ...), each episode's verdict; and each episode's
+        trajectory tracking (:func:`worldloop.rl.rollout.episode_tracking`)."""
+        tasks, seeds = [self.task_of_episode[i] for i in self.mine], [self.seeds[i] for i in self.mine]
         judge = getattr(self.imagined_env, "judge", None)
         real_env = self.real_env if judge is None else JudgedEnv(self.real_env, judge, getattr(self.imagined_env, "success_chunks", 1))
-        first = real_env.reset(self.task_of_episode, self.seeds)
+        first = real_env.reset(tasks, seeds)
         real = collect(policy, real_env, first, self.options.temperature, self.options.greedy)
-        result = {"real": summarize(real.success_once, self.task_of_episode), "real_through_codec": self.through_codec}
+        verdicts, tracking = {"real": real.success_once}, []
         if self.imagined_env is not None:
-            start = self.imagined_env.reset_to(first.frames, list(first.instructions))
+            start = self.imagined_env.reset_to(first.frames, list(first.instructions), noise_seeds=self.mine)  # noise by the episode's number among all
             imagined = collect(policy, self.imagined_env, start, self.options.temperature, self.options.greedy)
-            result["imagined"] = summarize(imagined.success_once, self.task_of_episode)
-            # per episode, beyond what each task's success rate alone explains (kappa 0: RL's reward is noise)
-            result |= self._versus_real(real.success_once, imagined.success_once)
-            result["tracking"] = trajectory_tracking(real, imagined, self.task_of_episode, self._tokens_on_reconstructed(policy))
-            replayed = replay(self.imagined_env, first, real)
-            sources = {"replayed": replayed.success}
+            tracking = episode_tracking(real, imagined, self._tokens_on_reconstructed(policy))
+            replayed = replay(self.imagined_env, first, real, noise_seeds=self.mine)
+            verdicts["imagined"] = imagined.success_once
             if judge is not None:
-                sources = {"judged_real": real_env.success_once} | sources
-            result["gap_sources"] = {name: summarize(verdicts, self.task_of_episode) | self._versus_real(real.success_once, verdicts)
-                                     for name, verdicts in sources.items()}  # fmt: skip
-            # every verdict, one character per episode (in the check's episode order), for paired comparisons later
-            verdicts = {"real": real.success_once, "imagined": imagined.success_once} | sources
+                verdicts["judged_real"] = real_env.success_once
+            verdicts["replayed"] = replayed.success
             if self.options.imagined_actions_in_reality:
-                self.real_env.reset(self.task_of_episode, self.seeds)
-                acted = replay_in_reality(self.real_env, imagined)
-                # against the imagined verdicts: did what imagination called success (or failure) come true?
-                result["imagined_actions_in_reality"] = summarize(acted, self.task_of_episode) | self._versus_real(imagined.success_once, acted)
-                verdicts["imagined_actions_in_reality"] = acted
+                self.real_env.reset(tasks, seeds)
+                verdicts["imagined_actions_in_reality"] = replay_in_reality(self.real_env, imagined)
             if self.keyframe_env is not None:
-                start = self.keyframe_env.reset(list(first.instructions), self.seeds)
-                from_keyframes = collect(policy, self.keyframe_env, start, self.options.temperature, self.options.greedy)
-                share = self.keyframe_env.started_from_keyframe.float().mean().item()
-                result["imagined_keyframes"] = summarize(from_keyframes.success_once, self.task_of_episode) | {"keyframe_starts": share}
-                verdicts["imagined_keyframes"] = from_keyframes.success_once
-            result["per_episode"] = {name: "".join("1" if v else "0" for v in outcome.tolist()) for name, outcome in verdicts.items()}
-            if self.options.imagined_actions_in_reality:  # did the actions chosen on imagined frames do better than those chosen on real ones?
-                result["imagined_actions_in_reality"]["versus_closed_loop"] = paired_changes(result, result, "real", "imagined_actions_in_reality")
-            if self.options.video_dir is not None and self.options.videos_per_task > 0:
+                start = self.keyframe_env.reset(list(first.instructions), seeds)
+                verdicts["imagined_keyframes"] = collect(policy, self.keyframe_env, start, self.options.temperature, self.options.greedy).success_once
+                verdicts["keyframe_start"] = self.keyframe_env.started_from_keyframe
+            if self.options.video_dir is not None and self.options.videos_per_task > 0 and distributed.is_main():
                 self._write_videos(real, replayed, imagined, tag)
+        return {name: outcome.bool().tolist() for name, outcome in verdicts.items()}, tracking
+
+    def _summary(self, verdicts: dict[str, torch.Tensor], tracking: list[dict[str, Any]]) -> dict[str, Any]:
+        """The check's result from every episode's ``verdicts`` (per source, (N,) bool, in the check's episode order)
+        and trajectory ``tracking``."""
+        tasks = self.task_of_episode
+        real = verdicts["real"]
+        result = {"real": summarize(real, tasks), "real_through_codec": self.through_codec}
+        if "imagined" not in verdicts:
+            return result
+        result["imagined"] = summarize(verdicts["imagined"], tasks)
+        # per episode, beyond what each task's success rate alone explains (kappa 0: RL's reward is noise)
+        result |= self._versus_real(real, verdicts["imagined"])
+        result["tracking"] = tracking_rows(tracking, tasks)
+        sources = [name for name in ("judged_real", "replayed") if name in verdicts]
+        result["gap_sources"] = {name: summarize(verdicts[name], tasks) | self._versus_real(real, verdicts[name]) for name in sources}
+        if "imagined_actions_in_reality" in verdicts:
+            # against the imagined verdicts: did what imagination called success (or failure) come true?
+            acted = verdicts["imagined_actions_in_reality"]
+            result["imagined_actions_in_reality"] = summarize(acted, tasks) | self._versus_real(verdicts["imagined"], acted)
+        if "imagined_keyframes" in verdicts:
+            share = verdicts["keyframe_start"].float().mean().item()
+            result["imagined_keyframes"] = summarize(verdicts["imagined_keyframes"], tasks) | {"keyframe_starts": share}
+        # every verdict, one character per episode (in the check's episode order), for paired comparisons later
+        kept = ("real", "imagined", *sources, "imagined_actions_in_reality", "imagined_keyframes")
+        result["per_episode"] = {name: "".join("1" if v else "0" for v in verdicts[name].tolist()) for name in kept if name in verdicts}
+        if "imagined_actions_in_reality" in verdicts:  # did the actions chosen on imagined frames do better than those chosen on real ones?
+            result["imagined_actions_in_reality"]["versus_closed_loop"] = paired_changes(result, result, "real", "imagined_actions_in_reality")
         return result
 
     def calibrate_judge(self, policy: Any, tolerance_se: float = 1.0, significance_se: float = 2.0,
@@ -426,12 +465,26 @@ class RealityCheck:
         fail (no kappa) or no threshold agrees beyond chance (``kept_because``). With ``per_task``, each
         task's episodes also choose a threshold of their own the same way (``judge.task_thresholds``), the
         one for all staying where a task's cannot choose. The episodes stay in ``labelled``, for
-        :meth:`recalibrate_judge`.
+        :meth:`recalibrate_judge`. Under torchrun every rank runs and replays its own episodes, and all choose
+        alike on all of them.
         Returns the threshold, the one it replaced and the kappa of each."""
-        first = self.real_env.reset(self.task_of_episode, self.seeds)
+        first = self.real_env.reset([self.task_of_episode[i] for i in self.mine], [self.seeds[i] for i in self.mine])
         real = collect(policy, self.real_env, first, self.options.temperature, self.options.greedy)
         self.labelled = LabelledEpisodes(first, real.actions, real.done, real.success_once)
         return self.recalibrate_judge(tolerance_se, significance_se, per_task)
+
+    def all_labelled(self) -> LabelledEpisodes:
+        """Every process's ``labelled`` episodes together, in the check's episode order (one process: its own): what
+        rl saves for the recalibrations, the same file whatever the number of processes."""
+        if not distributed.active():
+            return self.labelled
+        return LabelledEpisodes.joined(distributed.gather_dealt(self.labelled.rows()))
+
+    def label(self, episodes: LabelledEpisodes) -> None:
+        """Take back saved episodes of all processes (:meth:`all_labelled`'s): this process keeps its own."""
+        if len(episodes.first.instructions) != len(self.seeds):
+            raise ValueError(f"the saved calibration holds {len(episodes.first.instructions)} episodes; this check runs {len(self.seeds)}")
+        self.labelled = episodes if len(self.mine) == len(self.seeds) else episodes.select(self.mine)
 
     def recalibrate_judge(self, tolerance_se: float = 1.0, significance_se: float = 2.0, per_task: bool = False) -> dict[str, Any]:
         """:meth:`calibrate_judge`'s choice again, on the same real episodes (``labelled``) replayed in the world model
@@ -444,11 +497,14 @@ class RealityCheck:
         previous, previous_per_task = judge.threshold, dict(judge.task_thresholds)
         judge.threshold, judge.task_thresholds = math.inf, {}  # no replayed episode ends on a verdict: every chunk it ran gets scored
         try:
-            probability = replay(self.imagined_env, episodes.first, episodes).probability
+            probability = replay(self.imagined_env, episodes.first, episodes, noise_seeds=self.mine).probability
         finally:
             judge.threshold, judge.task_thresholds = previous, previous_per_task
         best = streak_score(probability, getattr(self.imagined_env, "success_chunks", 1)).cpu().numpy()
-        real = episodes.success_once.cpu().numpy()
+        # every process's episodes, in the check's order: each process chooses alike
+        best = np.array(distributed.gather_dealt(best.tolist()), dtype=best.dtype)
+        real = np.array(distributed.gather_dealt(episodes.success_once.cpu().tolist()), dtype=bool)
+        instructions = distributed.gather_dealt(list(episodes.first.instructions))
         chosen = max_kappa_threshold(best, real, self.task_of_episode, tolerance_se, significance_se)
         judge.threshold = previous if chosen is None else chosen
         kept_because = None
@@ -461,19 +517,19 @@ class RealityCheck:
             for task in dict.fromkeys(self.task_of_episode):
                 mine = tasks == task
                 own[task] = max_kappa_threshold(best[mine], real[mine], tasks[mine], tolerance_se, significance_se)
-        instruction = dict(zip(self.task_of_episode, episodes.first.instructions))
+        instruction = dict(zip(self.task_of_episode, instructions))
         judge.task_thresholds = {instruction[task]: threshold for task, threshold in own.items() if threshold is not None}
 
         def judged_at(threshold: float, by_instruction: dict[str, float]) -> dict[str, Any]:
-            thresholds = np.array([by_instruction.get(text, threshold) for text in episodes.first.instructions])
+            thresholds = np.array([by_instruction.get(text, threshold) for text in instructions])
             verdicts = torch.as_tensor(best >= thresholds)
-            return summarize(verdicts, self.task_of_episode) | self._versus_real(episodes.success_once, verdicts) | {"threshold": threshold}
+            return summarize(verdicts, self.task_of_episode) | self._versus_real(torch.as_tensor(real), verdicts) | {"threshold": threshold}
 
         return {"threshold": judge.threshold, "previous": previous, "calibrated": chosen is not None, "kept_because": kept_because,
                 "tolerance_se": tolerance_se, "significance_se": significance_se,
                 # per_task: each task's own threshold (None: the one for all), and what the judge holds (apply_calibration)
                 "task_thresholds": own, "instruction_thresholds": dict(judge.task_thresholds),
-                "real": summarize(episodes.success_once, self.task_of_episode),
+                "real": summarize(torch.as_tensor(real), self.task_of_episode),
                 "replayed_before": judged_at(previous, previous_per_task),
                 "replayed_after": judged_at(judge.threshold, judge.task_thresholds),
                 # per episode, for any other threshold's verdicts later: its replay's score, the simulator's verdict, its task
@@ -495,16 +551,18 @@ class RealityCheck:
 
     def _write_videos(self, real: Rollout, replayed: Replay, imagined: Rollout, tag: str) -> None:
         """real | replay | imagined, one frame per chunk: the real episode; the world model stepped by its real
-        actions (where it departs, the world model is wrong); the policy acting in imagination (closed loop)."""
+        actions (where it departs, the world model is wrong); the policy acting in imagination (closed loop).
+        ``real``, ``replayed`` and ``imagined`` hold this process's episodes."""
         from worldloop.data.video import write_mp4
         from worldloop.utils.draw import caption, side_by_side
 
         written: dict[str, int] = {}
-        for i, task in enumerate(self.task_of_episode):
-            number = written.get(task, 0)
-            if number >= self.options.videos_per_task:
+        for i, episode in enumerate(self.mine):  # this process's episodes: the first videos_per_task of each task
+            task = self.task_of_episode[episode]
+            if written.get(task, 0) >= self.options.videos_per_task:
                 continue
-            written[task] = number + 1
+            written[task] = written.get(task, 0) + 1
+            number = episode - self.task_of_episode.index(task)  # the episode's number within its task
             real_frames = episode_frames(real, i)
             video = side_by_side(
                 caption(real_frames, "real", bool(real.success_once[i])),

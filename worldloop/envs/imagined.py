@@ -186,17 +186,18 @@ class ImaginedEnv:
         memory_actions = pool.memory_actions[index] if pool.memory_actions is not None else None
         return self._start(pool.anchors[index], pool.memory[index], pool.current[index], [pool.instructions[i] for i in index.tolist()], noise_seeds, memory_actions)
 
-    def reset_to(self, frames: torch.Tensor, instructions: list[str], anchors: torch.Tensor | None = None, memory: torch.Tensor | None = None) -> EnvReset:
+    def reset_to(self, frames: torch.Tensor, instructions: list[str], anchors: torch.Tensor | None = None, memory: torch.Tensor | None = None,
+                 noise_seeds: Sequence[int] | None = None) -> EnvReset:  # fmt: skip
         """Start N episodes from given observations (e.g. the real simulator's first frames, for the
         imagination-reality gap); without ``anchors``/``memory`` the frames are also the anchors. Episode i's
-        world-model noise is seeded i: the same on every such start."""
+        world-model noise is seeded ``noise_seeds[i]`` (default i): the same on every such start unless the seeds differ."""
         frames = torch.as_tensor(frames)
         if frames.shape != (self.num_envs, self.image_size, self.image_size, 3):
             raise ValueError(f"reset_to frames have shape {tuple(frames.shape)}; expected {(self.num_envs, self.image_size, self.image_size, 3)}")
         anchors = frames if anchors is None else anchors
         memory = anchors[:, None].expand(-1, MEMORY_FRAMES, -1, -1, -1) if memory is None else memory
         self.started_from_keyframe = torch.zeros(self.num_envs, dtype=torch.bool)
-        return self._start(anchors, memory, frames, list(instructions), list(range(self.num_envs)), None)
+        return self._start(anchors, memory, frames, list(instructions), list(range(self.num_envs)) if noise_seeds is None else [int(seed) for seed in noise_seeds], None)
 
     def _start(
         self, anchors: torch.Tensor, memory: torch.Tensor, current: torch.Tensor, instructions: list[str], noise_seeds: list[int], memory_actions: torch.Tensor | None

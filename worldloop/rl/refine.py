@@ -25,6 +25,12 @@ replays of drawer-open judged 0.00 where reality said 0.44).
 Each round reports the real success of the rollouts (the training policy, in reality) and the loss of the
 DiT in use (the EMA) on the new clips before and after the round, on the same noise: how surprised it was by
 the policy, and how much the round taught it.
+
+Under torchrun, rank 0 alone collects the real rollouts and trains (steps 1 to 3: it alone has the refinement's
+simulator); then its refined weights' average goes to every rank's imagined environment
+(:func:`worldloop.utils.distributed.broadcast_parameters`), and every rank replays its share of the calibration's
+episodes for the judge's new threshold, which all choose alike (:meth:`RealityCheck.recalibrate_judge`). The other
+ranks wait for the round; each holds the fp32 copy and average of the DiT that a checkpoint restores.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from worldloop.rl.evaluate import EVAL_SEED_OFFSET
 from worldloop.rl.rollout import Rollout, apply_calibration, collect
 from worldloop.sims import make_env
 from worldloop.sims.tasks import instruction
+from worldloop.utils import distributed
 from worldloop.utils.io import atomic_write_json, read_json
 from worldloop.worldmodel.configuration import WorldModelConfig
 from worldloop.worldmodel.train import GRAD_CLIP, WEIGHT_DECAY
@@ -90,12 +97,13 @@ def refine_seed(task_position: int, episode: int, seed_offset: int) -> int:
 class WorldModelRefiner:
     """``refiner(policy, iteration)`` runs one refinement round and returns its metrics; ``modules`` and
     ``stateful`` go into RL's checkpoints, ``restore(iteration)`` rebuilds the state a resumed run had, and
-    ``save(folder)`` writes the refined world model at the end."""
+    ``save(folder)`` writes the refined world model at the end. Under torchrun every rank calls it; ``real_env`` is
+    None on the ranks other than 0, which receive the refined weights."""
 
     def __init__(
         self,
         world_model: Any,
-        real_env: VecEnv,
+        real_env: VecEnv | None,
         tasks: Sequence[str],
         dataset_episodes: Iterable[Any],
         rl: RLConfig,
@@ -110,7 +118,7 @@ class WorldModelRefiner:
         if not 0.0 <= ema_decay < 1.0:
             raise ValueError(f"the refinement's ema_decay must lie in [0, 1), got {ema_decay}")
         per_task = rl.refine_episodes_per_task
-        if real_env.num_envs != len(tasks) * per_task:
+        if real_env is not None and real_env.num_envs != len(tasks) * per_task:
             raise ValueError(f"the refinement's real environment has {real_env.num_envs} envs; {len(tasks)} tasks x rl.refine_episodes_per_task {per_task} are needed")
         self.world_model, self.real_env, self.tasks, self.rl = world_model, real_env, list(tasks), rl
         self.calibrate = calibrate or CalibrateConfig()  # reward.calibrate: how a recalibration chooses the judge's threshold
@@ -132,7 +140,7 @@ class WorldModelRefiner:
         """After loading a checkpoint of ``iteration``: the rounds saved up to it, and the DiT's refined weights in use."""
         from safetensors.torch import load_file
 
-        self.rounds = [load_file(path) for path in self._saved("round_*.safetensors", iteration)]
+        self.rounds = [load_file(path) for path in self._saved("round_*.safetensors", iteration)] if distributed.is_main() else []  # rank 0 trains on them
         self._publish()
         thresholds = self._saved("judge_*.json", iteration)
         if self.judge_check is not None and thresholds:
@@ -147,6 +155,18 @@ class WorldModelRefiner:
         return self.world_model.save_pretrained(folder, dit=self.ema)
 
     def __call__(self, policy: Any, iteration: int) -> dict[str, float]:
+        began = time.perf_counter()
+        metrics = self._learn(policy, iteration) if distributed.is_main() else {}
+        if not distributed.broadcast_object("world_model/refine_loss" in metrics):  # a round without clips changes nothing
+            return metrics | {"time/refine": time.perf_counter() - began}
+        distributed.broadcast_parameters(self.ema)  # rank 0's refined weights: every rank imagines in the same world model
+        self._publish()
+        if self.judge_check is not None:
+            metrics |= self._recalibrate(iteration)
+        return metrics | {"time/refine": time.perf_counter() - began}
+
+    def _learn(self, policy: Any, iteration: int) -> dict[str, float]:
+        """Steps 1 to 3 of the round (the module's docstring): the real rollouts, their clips, the DiT's steps."""
         from safetensors.torch import save_file
 
         from worldloop.utils.io import atomic_path
@@ -160,7 +180,7 @@ class WorldModelRefiner:
         # an episode that succeeds within one chunk gives no clip; a round can have none
         episodes = [e for e in episodes if len(e.actions) > self.clip_config.chunk_size]
         if not episodes:
-            return reality | {"time/refine": time.perf_counter() - began}
+            return reality
         clips = encode_clips(self.world_model.vae, episodes, self.clip_config, self.device, seed=self.seed + iteration, progress=False)
         clips = {"latents": clips["latents"], "actions": clips["actions"]}
         with atomic_path(self.out / f"round_{iteration:06d}.safetensors") as tmp:
@@ -176,15 +196,11 @@ class WorldModelRefiner:
         before = self._loss_on(clips, iteration)
         mean_loss = self._train(generator)
         after = self._loss_on(clips, iteration)
-        self._publish()
-        if self.judge_check is not None:
-            reality |= self._recalibrate(iteration)
         return reality | {
             "world_model/refine_clips": float(sum(len(r["latents"]) for r in self.rounds)),
             "world_model/refine_loss": mean_loss,
             "world_model/refine_loss_new_before": before,
             "world_model/refine_loss_new_after": after,
-            "time/refine": time.perf_counter() - began,
         }
 
     def _recalibrate(self, iteration: int) -> dict[str, float]:
@@ -194,7 +210,8 @@ class WorldModelRefiner:
         result = self.judge_check.recalibrate_judge(self.calibrate.threshold_tolerance_se, self.calibrate.threshold_significance_se,
                                                     rl.diagnostics.threshold_per_task)  # fmt: skip
         result["seconds"] = time.perf_counter() - began  # one replay of the calibration's episodes
-        atomic_write_json(self.out / f"judge_{iteration:06d}.json", result)  # a resumed run takes the threshold back from here
+        if distributed.is_main():
+            atomic_write_json(self.out / f"judge_{iteration:06d}.json", result)  # a resumed run takes the threshold back from here
         kappa = result["replayed_after"]["kappa"]  # None where the episodes all succeeded or all failed
         return ({"world_model/judge_threshold": result["threshold"], "time/refine_judge": result["seconds"]}
                 | ({} if kappa is None else {"world_model/judge_replay_kappa": kappa}))  # fmt: skip
@@ -256,7 +273,8 @@ def world_model_refiner(config: Any, world_model: Any, dataset: Any, tasks: list
     """rl.refine_every: the world model learns from the policy's real rollouts on ``tasks`` during RL, and keeps
     the dataset's training episodes of those tasks (the world model's split) in view. ``config``: the run's Config.
     ``calibration`` (rl.judge_threshold=replay: the RealityCheck that chose the judge's threshold) chooses it again
-    in each refined world model, from its labelled episodes."""
+    in each refined world model, from its labelled episodes. Under torchrun rank 0 alone opens the refinement's
+    simulator and reads the dataset's episodes."""
     train_indices, _ = split_episodes(dataset, seed=config.seed)
     wanted = {instruction(task): MAX_DATASET_EPISODES_PER_TASK for task in tasks}
     task_of, chosen = dataset.task_indices, []
@@ -265,12 +283,13 @@ def world_model_refiner(config: Any, world_model: Any, dataset: Any, tasks: list
         if wanted.get(text, 0) > 0:
             wanted[text] -= 1
             chosen.append(index)
-    real_env = make_env(config, len(tasks) * config.rl.refine_episodes_per_task, tasks=tasks)
-    refiner = WorldModelRefiner(world_model, real_env, tasks, dataset.episodes(chosen), config.rl, config.world_model, out,
+    main = distributed.is_main()  # the one that collects and learns
+    real_env = make_env(config, len(tasks) * config.rl.refine_episodes_per_task, tasks=tasks) if main else None
+    refiner = WorldModelRefiner(world_model, real_env, tasks, dataset.episodes(chosen) if main else (), config.rl, config.world_model, out,
                                 seed=config.seed, calibrate=config.reward.calibrate)  # fmt: skip
     if calibration is not None and calibration.labelled is not None:
         refiner.judge_check = calibration
-    elif calibration is not None:
+    elif calibration is not None and main:
         print("rl: the judge's calibration episodes were not saved (a run begun before they were): its threshold stays as "
               "calibrated through the refinement rounds")  # fmt: skip
     return refiner

@@ -190,6 +190,35 @@ class LabelledEpisodes:
         with atomic_path(Path(path)) as tmp:
             torch.save({name: value.cpu() for name, value in tensors.items()} | {"instructions": list(self.first.instructions)}, tmp)
 
+    def select(self, indices: Sequence[int]) -> "LabelledEpisodes":
+        """These episodes only (a rank's dealt share of a calibration's, :func:`worldloop.utils.distributed.dealt`)."""
+        index = list(indices)
+
+        def rows_of(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor[torch.as_tensor(index, dtype=torch.long, device=tensor.device)]
+
+        first = EnvReset(rows_of(self.first.frames), [self.first.instructions[i] for i in index])
+        return LabelledEpisodes(first, rows_of(self.actions), rows_of(self.done), rows_of(self.success_once))
+
+    @classmethod
+    def joined(cls, rows: list[tuple]) -> "LabelledEpisodes":
+        """Episodes from their rows (:meth:`rows`, in the order wanted), the shorter ones padded past their end to the
+        longest (actions 0, ended): what a replay reads of them is the same."""
+        chunks = max(actions.shape[0] for _, _, actions, _, _ in rows)
+
+        def padded(tensor: torch.Tensor, value) -> torch.Tensor:
+            return torch.cat([tensor, tensor.new_full((chunks - tensor.shape[0], *tensor.shape[1:]), value)])
+
+        frames, instructions, actions, done, success = zip(*rows)
+        return cls(EnvReset(torch.stack(frames), list(instructions)), torch.stack([padded(a, 0) for a in actions]), torch.stack([padded(d, True) for d in done]),
+                   torch.stack(success))  # fmt: skip
+
+    def rows(self) -> list[tuple]:
+        """One (first frame, instruction, actions, done, success) per episode, on the CPU: to gather them over ranks
+        (each its own copy: a view would carry the whole batch's storage along when pickled)."""
+        frames, actions, done, success = (tensor.cpu() for tensor in (self.first.frames, self.actions, self.done, self.success_once))
+        return [(frames[i].clone(), text, actions[i].clone(), done[i].clone(), success[i].clone()) for i, text in enumerate(self.first.instructions)]
+
     @classmethod
     def load(cls, path: str | Path) -> "LabelledEpisodes":
         try:
@@ -218,9 +247,10 @@ def chunks_run(done: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.ones_like(done[:, :1]), ~done[:, :-1]], dim=1)
 
 
-def replay(env: Any, first: EnvReset, real: Rollout | LabelledEpisodes) -> Replay:
-    """The imagined ``env`` from the real run's initial observations, stepped by the real run's action chunks."""
-    env.reset_to(first.frames, list(first.instructions))
+def replay(env: Any, first: EnvReset, real: Rollout | LabelledEpisodes, noise_seeds: Sequence[int] | None = None) -> Replay:
+    """The imagined ``env`` from the real run's initial observations, stepped by the real run's action chunks
+    (``noise_seeds``, one per episode, default 0..N-1: the world-model noise)."""
+    env.reset_to(first.frames, list(first.instructions), noise_seeds=noise_seeds)
     executed = chunks_run(real.done)
     success = torch.zeros_like(executed[:, 0])
     probability = torch.zeros(executed.shape, device=success.device)
@@ -260,40 +290,78 @@ def trajectory_tracking(
     policy's tokens on the real observations passed through the world model's VAE), the share of tokens the
     policy keeps on those too, and their distance: how much of its other choices the VAE's loss of detail alone explains;
     and the share it chooses alike on those and on the imagined frames (``token_agreement_reconstructed_imagined``): high
-    where imagination differs from reality mostly by the codec, which a policy observing reality through the VAE would share."""
+    where imagination differs from reality mostly by the codec, which a policy observing reality through the VAE would share.
+
+    In two steps, so that several processes can each measure their own episodes: :func:`episode_tracking` per
+    episode, :func:`tracking_rows` over all of them."""
+    return tracking_rows(episode_tracking(real, imagined, tokens_on_reconstructed), tasks)
+
+
+@torch.no_grad()
+def episode_tracking(real: Rollout, imagined: Rollout, tokens_on_reconstructed: Callable[[torch.Tensor, list[str]], torch.Tensor] | None = None,
+                     ) -> list[dict[str, Any]]:  # fmt: skip
+    """:func:`trajectory_tracking`'s measures of each episode: the chunk of its first success in each world (None:
+    none), and after 1, 2, 4, ... chunks, while it runs in both, its ``measures`` then."""
     from worldloop.worldmodel.metrics import psnr
 
-    rows = []
+    def first_success(success: torch.Tensor) -> list[int | None]:
+        return [int(row.nonzero()[0]) if row.any() else None for row in success.cpu()]
+
+    episodes = [{"real_first_success": in_real, "imagined_first_success": in_imagination, "measures": {}}
+                for in_real, in_imagination in zip(first_success(real.success), first_success(imagined.success))]  # fmt: skip
     chunks = 1
     while chunks < min(real.images.shape[1], imagined.images.shape[1]):
         running = ~real.done[:, chunks - 1] & ~imagined.done[:, chunks - 1]  # both observed after `chunks` chunks
         if not running.any():
             break
-        real_now = real.images[running, chunks]
-        tokens_real, tokens_imagined = real.tokens[running, chunks], imagined.tokens[running, chunks]
-        by_then_real, by_then_imagined = real.success[:, :chunks].any(dim=1), imagined.success[:, :chunks].any(dim=1)
-        agreement = agreement_beyond_chance(by_then_real.tolist(), by_then_imagined.tolist(), list(tasks))
-        rows.append({
-            "chunks": chunks,
-            "episodes_running": int(running.sum()),
-            "psnr": float(psnr(imagined.images[running, chunks], real_now).mean()),
-            "psnr_initial_frame": float(psnr(real.images[running, 0], real_now).mean()),
-            "token_agreement": float((tokens_real == tokens_imagined).float().mean()),
-            "token_distance": float((tokens_real - tokens_imagined).abs().float().mean()),
-            "real_success_by_then": float(by_then_real.float().mean()),
-            "imagined_success_by_then": float(by_then_imagined.float().mean()),
-            "kappa": agreement["kappa"],
-            "kappa_stderr": agreement["kappa_stderr"],
-        })  # fmt: skip
+        real_now, imagined_now = real.images[running, chunks], imagined.images[running, chunks]
+        tokens_real, tokens_imagined = real.tokens[running, chunks].flatten(1), imagined.tokens[running, chunks].flatten(1)
+        measures = {
+            "psnr": psnr(imagined_now, real_now),
+            "psnr_initial_frame": psnr(real.images[running, 0], real_now),
+            "token_agreement": (tokens_real == tokens_imagined).float().mean(dim=1),
+            "token_distance": (tokens_real - tokens_imagined).abs().float().mean(dim=1),
+        }
         if tokens_on_reconstructed is not None:
             instructions = [real.instructions[i] for i in running.nonzero().flatten().tolist()]
-            reconstructed = tokens_on_reconstructed(real_now, instructions).to(real.tokens.device)
-            rows[-1] |= {
-                "token_agreement_reconstructed": float((tokens_real == reconstructed).float().mean()),
-                "token_distance_reconstructed": float((tokens_real - reconstructed).abs().float().mean()),
+            reconstructed = tokens_on_reconstructed(real_now, instructions).to(real.tokens.device).flatten(1)
+            measures |= {
+                "token_agreement_reconstructed": (tokens_real == reconstructed).float().mean(dim=1),
+                "token_distance_reconstructed": (tokens_real - reconstructed).abs().float().mean(dim=1),
                 # what a policy that saw the real world through the VAE too would share with its imagined self
-                "token_agreement_reconstructed_imagined": float((tokens_imagined == reconstructed).float().mean()),
+                "token_agreement_reconstructed_imagined": (tokens_imagined == reconstructed).float().mean(dim=1),
             }
+        measures = {name: values.float().cpu().tolist() for name, values in measures.items()}
+        for row, episode in enumerate(running.nonzero().flatten().tolist()):
+            episodes[episode]["measures"][chunks] = {name: values[row] for name, values in measures.items()}
+        chunks *= 2
+    return episodes
+
+
+def tracking_rows(episodes: list[dict[str, Any]], tasks: Sequence[str]) -> list[dict[str, Any]]:
+    """:func:`trajectory_tracking`'s rows from every episode's :func:`episode_tracking` (``tasks``: each episode's):
+    per number of chunks, the measures' means over the episodes running in both worlds, and success by then over all."""
+    rows, chunks = [], 1
+    while True:
+        running = [episode["measures"][chunks] for episode in episodes if chunks in episode["measures"]]
+        if not running:
+            break
+        by_then = {world: [episode[f"{world}_first_success"] is not None and episode[f"{world}_first_success"] < chunks for episode in episodes]
+                   for world in ("real", "imagined")}  # fmt: skip
+        agreement = agreement_beyond_chance(by_then["real"], by_then["imagined"], list(tasks))
+        mean = {name: sum(measures[name] for measures in running) / len(running) for name in running[0]}
+        rows.append({
+            "chunks": chunks,
+            "episodes_running": len(running),
+            "psnr": mean["psnr"],
+            "psnr_initial_frame": mean["psnr_initial_frame"],
+            "token_agreement": mean["token_agreement"],
+            "token_distance": mean["token_distance"],
+            "real_success_by_then": sum(by_then["real"]) / len(episodes),
+            "imagined_success_by_then": sum(by_then["imagined"]) / len(episodes),
+            "kappa": agreement["kappa"],
+            "kappa_stderr": agreement["kappa_stderr"],
+        } | {name: value for name, value in mean.items() if "reconstructed" in name})  # fmt: skip
         chunks *= 2
     return rows
 

@@ -63,7 +63,7 @@ class RLRun:
         if self.monitor is not None:
             self.monitor.start(policy, start, self.writer)
         ended = self.monitor is not None and self.monitor.stopped
-        return start, distributed.broadcast_object(ended)  # rank 0's monitor decides for every rank
+        return start, distributed.broadcast_object(ended)  # every rank's monitor decides alike; rank 0's counts
 
     def after_iteration(self, policy: Any, done_iterations: int, metrics: dict[str, float]) -> bool:
         """Log an iteration's metrics; the monitor watches (reality checks, warnings, stop rules); an atomic
@@ -75,7 +75,7 @@ class RLRun:
             tqdm.write(f"it {done_iterations}: " + " ".join(f"{name} {metrics[name]:.4g}" for name in SHOWN if name in metrics))
         ended = done_iterations == self.rl.iterations
         decision = self.monitor.after_iteration(policy, done_iterations, metrics) if self.monitor is not None else ended
-        ended = distributed.broadcast_object(decision)  # under torchrun only rank 0 has a monitor
+        ended = distributed.broadcast_object(decision)  # rank 0's decision, which every rank's monitor also made
         if ended or done_iterations % self.rl.checkpoint_every == 0:
             watched = self.monitor.state() if self.monitor is not None else {}
             save_checkpoint(self.out, done_iterations, self.modules, self.stateful,

@@ -12,7 +12,7 @@ One iteration, top to bottom (:func:`train`):
    holds as many trajectories as a full batch's), gradient clipping, AdamW whose
    learning rate warms up linearly over the first ``LR_WARMUP_STEPS`` optimizer steps;
 6. every ``refine_every`` iterations, when a refiner is given (:mod:`worldloop.rl.refine`), the world model
-   learns from the policy's own real rollouts;
+   learns from the policy's own real rollouts (under torchrun on rank 0, whose refined weights every rank then takes);
 7. the monitor, when given, watches: reality checks, warnings, stop rules and the time budget
    (:class:`worldloop.diagnostics.monitor.RunMonitor`; this module does not import it); atomic checkpoints
    that resume exactly (the bookkeeping: :class:`worldloop.rl.run.RLRun`).
@@ -93,10 +93,7 @@ def train(
         on = f" on each of {distributed.world_size()} processes" if distributed.active() else ""
         raise ValueError(f"the environment has {num_envs} envs; rl.num_groups x rl.group_size{on} = {groups_here} x {group_size} = {groups_here * group_size}")
     mine = slice(distributed.rank() * num_envs, (distributed.rank() + 1) * num_envs)  # this rank's envs of all
-    if distributed.active() and refiner is not None and rl.refine_every > 0:
-        raise ValueError(f"rl.refine_every={rl.refine_every} refines the world model in one process only: run it without torchrun, or set rl.refine_every=0")
-    if not distributed.is_main():
-        monitor, console = None, False  # rank 0 watches the run and tells the others what it decided
+    console = console and distributed.is_main()  # every rank's monitor watches (its share of each check); rank 0 speaks
     distributed.seed_per_rank(seed)  # each rank samples its own rollouts
     distributed.broadcast_parameters(policy)
     tasks = list(tasks) if tasks is not None else list(range(len(getattr(env, "task_names", [0]))))

@@ -18,7 +18,7 @@ stepping as Meta-World (:class:`worldloop.sims.metaworld.MetaWorldVecEnv`); what
   MuJoCo's own renderer as the camera sees them: right side up (agentview's up axis points up; robosuite's
   raw images are the OpenGL buffer, bottom row first, which is why LIBERO's are upside down and every
   LIBERO pipeline flips them);
-- the scripted expert exists for LIBERO-Spatial (:mod:`worldloop.sims.libero_expert`).
+- scripted experts exist for LIBERO-Spatial and six of LIBERO-Object's ten tasks (:mod:`worldloop.sims.libero_expert`).
 
 An episode is not bit-for-bit reproducible: after the same initial state and the same actions the robot ends
 in the same place, but an object can sit a few millimetres elsewhere (measured 2026-12-04: the drawer task's bowl
@@ -119,7 +119,7 @@ class LiberoTask:
 
 
 class LiberoWorker(SimWorker):
-    """:class:`SimWorker` with LIBERO's tasks and the LIBERO-Spatial expert."""
+    """:class:`SimWorker` with LIBERO's tasks and the suites' scripted experts."""
 
     state_dim = STATE_DIM
     action_dim = ACTION_DIM
@@ -129,22 +129,27 @@ class LiberoWorker(SimWorker):
         return LiberoTask(task, c.image_size, c.camera, self.render)
 
     def make_expert(self, task: str, sim: LiberoTask, plan: ExpertPlan) -> ScriptedExpert:
-        from worldloop.sims.libero_expert import SpatialExpert
-
-        return ScriptedExpert(task, plan, policy=_LazyExpert(task, sim, SpatialExpert))
+        return ScriptedExpert(task, plan, policy=_LazyExpert(task, sim))
 
 
 class _LazyExpert:
-    """Builds the scripted expert at its first action, so that policies can run on suites without one."""
+    """Builds the suite's scripted expert at its first action, so that policies can run on suites without one."""
 
-    def __init__(self, task: str, sim: LiberoTask, expert_class):
-        self.task, self.sim, self.expert_class, self.expert = task, sim, expert_class, None
+    def __init__(self, task: str, sim: LiberoTask):
+        self.task, self.sim, self.expert = task, sim, None
 
     def get_action(self, observation: dict) -> np.ndarray:
         if self.expert is None:
-            if not self.task.startswith("libero_spatial-"):
-                raise ValueError(f"no scripted expert for {self.task}: worldloop's LIBERO expert covers LIBERO-Spatial only")
-            self.expert = self.expert_class.for_env(self.sim.env)
+            from worldloop.sims.libero_expert import ObjectExpert, SpatialExpert
+
+            experts = {"libero_spatial": SpatialExpert, "libero_object": ObjectExpert}
+            suite = split_task(self.task)[0]
+            if suite not in experts:
+                raise ValueError(f"no scripted expert for {self.task}: worldloop's LIBERO experts cover LIBERO-Spatial and LIBERO-Object")
+            try:
+                self.expert = experts[suite].for_env(self.sim.env)
+            except ValueError as error:
+                raise ValueError(f"no scripted expert for {self.task}: {error}") from error
         return self.expert.get_action(observation)
 
 

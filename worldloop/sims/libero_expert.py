@@ -60,7 +60,30 @@ SIDES = np.array([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]])
 """Directions (world xy) from the bowl's centre to the candidate grasp points."""
 
 
-class SpatialExpert:
+class _PoseExpert:
+    """Moves the end effector toward a target position, the wrist toward ``target_rotation``, step by step."""
+
+    phase: str
+    phase_steps: int
+    target_rotation: Rotation
+
+    def _next(self, phase: str) -> None:
+        self.phase, self.phase_steps = phase, 0
+
+    def _reached(self, position: np.ndarray, target: np.ndarray, tolerance: float) -> bool:
+        return bool(np.linalg.norm(np.asarray(target) - position) < tolerance)
+
+    def _turned(self, rotation: Rotation) -> bool:
+        return (self.target_rotation * rotation.inv()).magnitude() < 0.1
+
+    def _action(self, eef: np.ndarray, rotation: Rotation, target: np.ndarray, gripper: float) -> np.ndarray:
+        move = (np.asarray(target) - eef) / POSITION_SCALE * 1.5
+        turn = (self.target_rotation * rotation.inv()).as_rotvec() / ROTATION_SCALE
+        action = np.concatenate([np.clip(move, -1, 1), np.clip(turn, -1, 1), [gripper]])
+        return action.astype(np.float32)
+
+
+class SpatialExpert(_PoseExpert):
     """Closed-loop expert for one LIBERO-Spatial episode: call :meth:`get_action` with each observation.
 
     Phases: approach (above the grasp point at travel height, wrist turned), descend, close, lift, carry (the held
@@ -174,23 +197,116 @@ class SpatialExpert:
         self.phase_steps += 1
         return self._action(eef, rotation, target, gripper)
 
-    def _next(self, phase: str) -> None:
-        self.phase, self.phase_steps = phase, 0
-
-    def _reached(self, position: np.ndarray, target: np.ndarray, tolerance: float) -> bool:
-        return bool(np.linalg.norm(np.asarray(target) - position) < tolerance)
-
     def _half_open(self, observation: dict) -> float:
         """The gripper command that brings the fingers to ``self.opening``: robosuite moves the fingers' target a
         quarter of their travel per step while the command is +-1 and holds it at 0."""
         finger = observation["robot0_gripper_qpos"][0]
         return CLOSE if finger > self.opening + 0.003 else OPEN if finger < self.opening - 0.003 else 0.0
 
-    def _turned(self, rotation: Rotation) -> bool:
-        return (self.target_rotation * rotation.inv()).magnitude() < 0.1
 
-    def _action(self, eef: np.ndarray, rotation: Rotation, target: np.ndarray, gripper: float) -> np.ndarray:
-        move = (np.asarray(target) - eef) / POSITION_SCALE * 1.5
-        turn = (self.target_rotation * rotation.inv()).as_rotvec() / ROTATION_SCALE
-        action = np.concatenate([np.clip(move, -1, 1), np.clip(turn, -1, 1), [gripper]])
-        return action.astype(np.float32)
+OBJECT_TRAVEL_HEIGHT = 0.30
+"""World z (m) at which the gripper approaches an object on the floor of LIBERO-Object's scenes."""
+BASKET_RIM = 0.141
+"""Height (m) of the basket's rim above the floor."""
+GRASP_DEPTH = 0.045
+"""How far (m) below an object's top the fingertips close (at most half its height)."""
+OBJECT_COVERED = ("alphabet_soup", "cream_cheese", "bbq_sauce", "tomato_sauce", "butter", "chocolate_pudding")
+"""Objects the LIBERO-Object expert picks; the tall ones (salad dressing, ketchup, milk, orange juice) it does not:
+its fingers knock them over on the way down."""
+
+
+class ObjectExpert(_PoseExpert):
+    """Closed-loop expert for one LIBERO-Object episode: "pick up the <object> and place it in the basket".
+
+    The goal ``(In <object> basket_1_contain_region)`` names both. The expert grasps the object from above at its
+    centre, fingers closing across its narrower side, a few centimetres below its top; lifts it until its bottom
+    clears the basket's rim; carries it (the held object's centre, not the hand) over the basket's centre, lowers it
+    inside and lets go. An object that slips out is grasped again. The object's extent comes from its collision
+    geometry, in its own frame."""
+
+    def __init__(self, target: str, basket: str, extent: tuple[np.ndarray, np.ndarray]):
+        self.target, self.basket = target, basket
+        self.low, self.high = extent  # the object's collision geometry's corners, in its own frame
+        self.phase, self.phase_steps = "approach", 0
+        self.home_rotation: Rotation | None = None
+        self.hold_offset: np.ndarray | None = None
+        self.carry_z = 0.0
+
+    @classmethod
+    def for_env(cls, env) -> "ObjectExpert":
+        """The expert for a LIBERO ``ControlEnv``'s goal ``(In object basket_contain_region)``."""
+        import mujoco
+
+        goal = env.env.parsed_problem["goal_state"]
+        if len(goal) != 1 or goal[0][0].lower() != "in" or not goal[0][2].endswith("_contain_region"):
+            raise ValueError(f"the Object expert handles one (In object basket_contain_region) goal, got {goal}")
+        _, target, region = goal[0]
+        if not target.startswith(OBJECT_COVERED):
+            raise ValueError(f"the LIBERO-Object expert does not pick '{target}'; it covers {', '.join(OBJECT_COVERED)}")
+        model, data = env.env.sim.model._model, env.env.sim.data._data
+        body = env.env.obj_body_id[target]
+        rotation, origin = data.xmat[body].reshape(3, 3), data.xpos[body]
+        lows, highs = [], []
+        for geom in range(model.ngeom):
+            if model.body_rootid[model.geom_bodyid[geom]] != model.body_rootid[body] or not (model.geom_contype[geom] or model.geom_conaffinity[geom]):
+                continue
+            centre = rotation.T @ (data.geom_xpos[geom] - origin)
+            box = model.geom_type[geom] == mujoco.mjtGeom.mjGEOM_BOX
+            half = np.abs(rotation.T @ data.geom_xmat[geom].reshape(3, 3)) @ model.geom_size[geom] if box else np.full(3, model.geom_rbound[geom])
+            lows.append(centre - half)
+            highs.append(centre + half)
+        return cls(target, region.removesuffix("_contain_region"), (np.min(lows, 0), np.max(highs, 0)))
+
+    def get_action(self, observation: dict) -> np.ndarray:
+        """The (7,) float32 action for ``observation`` (LIBERO's observation dict plus ``"positions"``)."""
+        eef = observation["robot0_eef_pos"]
+        rotation = Rotation.from_quat(observation["robot0_eef_quat"])
+        orientation = Rotation.from_quat(observation[f"{self.target}_quat"])
+        basket = observation["positions"][self.basket]
+        size = self.high - self.low
+        centre = observation[f"{self.target}_pos"] + orientation.apply((self.low + self.high) / 2)
+        top = centre[2] + size[2] / 2
+        if self.home_rotation is None:
+            self.home_rotation = rotation
+            across = orientation.apply([1.0, 0.0, 0.0] if size[0] < size[1] else [0.0, 1.0, 0.0])  # the narrower side
+            yaw = np.pi / 2 - (np.pi - np.arctan2(across[1], across[0])) % np.pi  # fingers close along world y at the start
+            self.target_rotation = Rotation.from_euler("z", yaw) * rotation
+            self.depth = min(GRASP_DEPTH, size[2] / 2)
+            self.carry_z = BASKET_RIM + 0.04 + size[2] - self.depth  # the held object's bottom 4 cm above the rim
+        grasp = np.array([centre[0], centre[1], top - self.depth])
+        gripper = OPEN
+        phase = self.phase
+        if phase == "approach":
+            target = np.array([grasp[0], grasp[1], max(OBJECT_TRAVEL_HEIGHT, self.carry_z)])
+            if self._reached(eef, target, 0.015) and self._turned(rotation) or self.phase_steps > 60:
+                self._next("descend")
+        elif phase == "descend":
+            target = grasp
+            if self._reached(eef, target, 0.008) or self.phase_steps > 40:
+                self._next("close")
+        elif phase == "close":
+            target, gripper = grasp, CLOSE
+            if self.phase_steps >= 10:
+                self.hold_offset = eef - centre
+                self._next("lift")
+        elif phase in ("lift", "carry", "lower") and self.phase_steps > 5 and np.linalg.norm(eef - centre - self.hold_offset) > DROPPED:
+            target = eef  # it slipped out: open up and grasp again
+            self._next("approach")
+        elif phase == "lift":
+            target, gripper = np.array([grasp[0], grasp[1], self.carry_z]), CLOSE
+            if eef[2] > self.carry_z - 0.02 or self.phase_steps > 40:
+                self._next("carry")
+        elif phase == "carry":  # the held object's centre over the basket's
+            offset = eef - centre
+            target, gripper = np.array([basket[0] + offset[0], basket[1] + offset[1], self.carry_z]), CLOSE
+            if self._reached(eef[:2], target[:2], 0.01) or self.phase_steps > 80:
+                self._next("lower")
+        elif phase == "lower":  # the object's bottom 6 cm above the floor, inside the basket
+            offset = eef - centre
+            target, gripper = np.array([basket[0] + offset[0], basket[1] + offset[1], 0.06 + size[2] / 2 + offset[2]]), CLOSE
+            if eef[2] < target[2] + 0.01 or self.phase_steps > 30:
+                self._next("release")
+        else:  # release, then back off upwards
+            target = eef + [0, 0, 0.02] if self.phase_steps > 5 else eef
+        self.phase_steps += 1
+        return self._action(eef, rotation, target, gripper)

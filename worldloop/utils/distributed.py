@@ -10,6 +10,11 @@ gives each the GPU of its LOCAL_RANK. The training loops then do what one proces
   the same optimizer step and the weights stay equal;
 * rank 0 alone writes checkpoints, TensorBoard, results and progress bars (:func:`is_main`); every rank resumes.
 
+Evaluations that run many independent episodes (RL's reality checks and the judge's replay calibration,
+:class:`worldloop.diagnostics.reality.RealityCheck`) are dealt out instead: each rank runs every N-th episode
+(:func:`dealt`), and the per-episode records come back together in their one-process order on every rank
+(:func:`gather_dealt`), which then summarises them as one process would.
+
 Not launched by torchrun (no WORLD_SIZE in the environment), nothing here does anything: rank 0 of 1.
 """
 
@@ -76,7 +81,7 @@ def init(device_name: str = "auto") -> None:
     on_gpu = torch.cuda.is_available() and (device_name == "auto" or device_name.startswith("cuda"))
     if on_gpu:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    # rank 0 alone runs some long stretches (encoding the clips, RL's reality checks) while the others wait for it
+    # rank 0 alone runs some long stretches (encoding the clips, RL's refinement rounds) while the others wait for it
     dist.init_process_group("nccl" if on_gpu else "gloo", timeout=timedelta(hours=2))
 
 
@@ -102,6 +107,24 @@ def rows(total: int, what: str) -> slice:
     """This rank's rows of a global batch of ``total`` rows (the setting ``what``, named if it does not split evenly)."""
     part = share(total, what)
     return slice(rank() * part, (rank() + 1) * part)
+
+
+def dealt(total: int) -> range:
+    """This rank's items of ``total`` dealt in turn, as cards: rank r of W holds items r, r + W, r + 2W, ... (all of
+    them in one process). Dealt rather than cut in blocks, each rank gets a mix of a task-major list's tasks."""
+    return range(rank(), total, world_size())
+
+
+def gather_dealt(mine: list[Any]) -> list[Any]:
+    """Every rank's ``mine`` (its :func:`dealt` items' records, in order, picklable) back in the order of the items
+    they were dealt from, on every rank."""
+    if not active():
+        return list(mine)
+    every = gather_objects(list(mine))
+    joined: list[Any] = [None] * sum(len(part) for part in every)
+    for position, part in enumerate(every):
+        joined[position :: world_size()] = part
+    return joined
 
 
 def seed_per_rank(seed: int) -> None:
