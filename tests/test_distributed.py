@@ -132,6 +132,37 @@ def test_sft_on_two_ranks_resumes_and_matches_one_process(tmp_path):
     assert max(float((first[name].float() - changed[name].float()).abs().max()) for name in first) > 1e-3
 
 
+def _oft_sft(out: Path, checkpoint: Path, dataset: Path):
+    """3 SFT steps of the tiny OpenVLA-OFT checkpoint (LoRA and heads) on a global batch of 4."""
+    from worldloop.config import load_config
+    from worldloop.policies.sft_openvla_oft import finetune_openvla_oft
+
+    config = load_config("micro", ["sft.steps=3", "sft.batch_size=4", "sft.lr=0.001"])
+    return _counting_writes(finetune_openvla_oft, config, f"openvla-oft:{checkpoint}", dataset, out)
+
+
+def test_openvla_oft_sft_on_two_ranks_matches_one_process(tmp_path, tiny_dataset):
+    """OpenVLA-OFT's SFT over 2 gloo ranks (2 samples each of the global 4, the same shift draws) ends with the
+    weights of one process; rank 0 alone writes the model and TensorBoard."""
+    from _oft_fixtures import write_tiny_checkpoint
+    from worldloop.policies import load_policy
+
+    checkpoint = write_tiny_checkpoint(tmp_path / "openvla-7b-oft-tiny")
+    one, _ = _oft_sft(tmp_path / "one", checkpoint, tiny_dataset)
+    (two, counts), (two_rank1, counts_rank1) = run_ranks(_oft_sft, 2, tmp_path / "two", checkpoint, tiny_dataset)
+    assert [counts["summary_writers"], counts_rank1["summary_writers"]] == [1, 0]
+    assert two["processes"] == 2 and two_rank1["final_train_loss"] == two["final_train_loss"]
+    assert two["final_train_loss"] == pytest.approx(one["final_train_loss"], rel=1e-4)
+    def merged(folder) -> dict[str, torch.Tensor]:  # the published weights (LoRA merged); loading adds a fresh LoRA
+        return {name: weight for name, weight in load_policy(folder).state_dict().items() if "lora_" not in name}
+
+    start, first, second = merged(f"openvla-oft:{checkpoint}"), merged(tmp_path / "one"), merged(tmp_path / "two")
+    for name, weight in first.items():
+        torch.testing.assert_close(second[name], weight, rtol=1e-4, atol=1e-5, msg=name)
+    # the 3 steps moved the merged weights far beyond that tolerance, so the comparison can fail
+    assert max(float((first[name].float() - start[name].float()).abs().max()) for name in first if name in start) > 1e-4
+
+
 # -------------------------------------------------------------------------------------------------------- RL
 
 

@@ -36,13 +36,12 @@ def run(args: argparse.Namespace, config: Config) -> int:
         from worldloop.config import ConfigError
         from worldloop.policies.sft_openvla_oft import finetune_openvla_oft
 
-        if distributed.active():
-            raise ConfigError("sft --policy (OpenVLA-OFT) runs in one process: start it without torchrun")
         if args.world_model:
             raise ConfigError("--world-model (codec augmentation and agreement) is for the compact VLA; sft --policy does not use it")
         results = finetune_openvla_oft(config, args.policy, args.dataset, args.out, args.episodes_per_task)
-        print(f"sft: {results['steps']} steps on {results['train_samples']} samples in {results['seconds']:.0f} s; "
-              f"train loss {results['final_train_loss']:.3f}; model in {args.out} (published OpenVLA-OFT layout)")
+        if distributed.is_main():
+            print(f"sft: {results['steps']} steps on {results['train_samples']} samples in {results['seconds']:.0f} s; "
+                  f"train loss {results['final_train_loss']:.3f}; model in {args.out} (published OpenVLA-OFT layout)")
         return 0
     results = train_sft(config, args.dataset, args.out, args.episodes_per_task, world_model=args.world_model)
     if not distributed.is_main():

@@ -9,7 +9,10 @@ OFT's recipe at worldloop's scale, top to bottom:
        action chunk), random shift, the L1 loss of the continuous head + the token head's cross-entropy
     -> OUT in the published layout (LoRA merged), tb/ beside it, sft_results.json.
 
-There is no resume: a rerun starts again from the checkpoint.
+Under torchrun it is data-parallel as the compact VLA's SFT (:mod:`worldloop.utils.distributed`): every rank loads
+the checkpoint, draws and shifts the same global batch and trains on its rows of it; the gradients of the LoRA and
+the heads are averaged, so every rank steps alike; rank 0 alone writes. There is no resume: a rerun starts again
+from the checkpoint.
 """
 
 from __future__ import annotations
@@ -32,18 +35,19 @@ def dataset_statistics(chunks: torch.Tensor, suite: str, percentiles: tuple[floa
 
 
 def finetune_openvla_oft(config, policy_spec: str, dataset: str | Path, out: str | Path, episodes_per_task: int = 0) -> dict[str, Any]:
-    from torch.utils.tensorboard import SummaryWriter
     from tqdm import tqdm
 
     from worldloop.config import save_config
     from worldloop.data.dataset import TrajectoryDataset, split_episodes
     from worldloop.policies import load_policy
     from worldloop.policies.modeling_openvla_oft import OpenVLAOFT
+    from worldloop.utils import distributed
     from worldloop.utils.device import resolve_device
     from worldloop.utils.io import atomic_write_json
 
     sft, out = config.sft, Path(out)
     device = resolve_device(config.device)
+    main, mine = distributed.is_main(), distributed.rows(sft.batch_size, "sft.batch_size")
     torch.manual_seed(config.seed)
     policy = load_policy(policy_spec, device)
     if not isinstance(policy, OpenVLAOFT):
@@ -55,36 +59,44 @@ def finetune_openvla_oft(config, policy_spec: str, dataset: str | Path, out: str
     chosen = select_episodes([episode_summary(ds, i) for i in train_ids], episodes_per_task)
     train = build_samples((ds.episode(i) for i in chosen), policy.chunk_size, list(ds.tasks))
     policy.use_statistics(dataset_statistics(train.chunks, Path(dataset).name))
-    print(f"sft: fine-tuning {policy_spec} on {len(chosen)} episodes ({len(train)} samples) of {dataset}; actions normalised to its q01/q99")
+    if main:
+        print(f"sft: fine-tuning {policy_spec} on {len(chosen)} episodes ({len(train)} samples) of {dataset}; actions normalised to its q01/q99")
 
     trainable = [p for p in policy.parameters() if p.requires_grad]
+    distributed.broadcast_tensors(trainable)  # a fresh L1 head starts alike on every rank (the frozen weights are the checkpoint's)
     optimizer = torch.optim.AdamW(trainable, lr=sft.lr, weight_decay=WEIGHT_DECAY, betas=(0.9, 0.95))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, sft.warmup_steps, sft.steps))
     sampler = torch.Generator().manual_seed(config.seed)
     out.mkdir(parents=True, exist_ok=True)
-    save_config(config, out)
-    writer = SummaryWriter(str(out / "tb"))
+    if main:
+        save_config(config, out)
+    writer = distributed.summary_writer(str(out / "tb"))
     started, losses = time.time(), {}
     policy.train()
-    for step in tqdm(range(sft.steps), desc="sft", dynamic_ncols=True, disable=None):
-        index = torch.randint(len(train), (sft.batch_size,), generator=sampler)
-        images = train.frames[index]
-        images = random_shift(images, AUGMENT_SHIFT, sampler)
+    for step in tqdm(range(sft.steps), desc="sft", dynamic_ncols=True, disable=None if main else True):
+        index = torch.randint(len(train), (sft.batch_size,), generator=sampler)  # the global batch; this rank trains on ``mine``
+        images = random_shift(train.frames[index], AUGMENT_SHIFT, sampler)[mine]
+        index = index[mine]
         texts = [train.instructions[i] for i in train.instruction_ids[index].tolist()]
         with _autocast(device):
             losses = policy.sft_loss(images, texts, train.chunks[index])
         optimizer.zero_grad(set_to_none=True)
         losses["loss"].backward()
+        distributed.average_gradients(trainable)
         torch.nn.utils.clip_grad_norm_(trainable, GRAD_CLIP)
         optimizer.step()
         scheduler.step()
+        losses = {name: distributed.all_mean(value.item()) for name, value in losses.items()}
         for name, value in losses.items():
-            writer.add_scalar(f"train/{name}", value.item(), step + 1)
+            writer.add_scalar(f"train/{name}", value, step + 1)
     writer.close()
     policy.eval()
-    publish_model(policy, out)
-    results = {"steps": sft.steps, "train_samples": len(train), "held_out_samples": 0, "final_train_loss": losses["loss"].item(),
+    results = {"steps": sft.steps, "train_samples": len(train), "held_out_samples": 0, "final_train_loss": losses["loss"],
                "held_out_loss": None, "held_out_token_accuracy": None, "seconds": time.time() - started, "policy": str(policy_spec),
-               "dataset": str(dataset), "train_episodes": chosen, "trained_parameters": sum(p.numel() for p in trainable)}  # fmt: skip
-    atomic_write_json(out / "sft_results.json", results)
+               "dataset": str(dataset), "train_episodes": chosen, "trained_parameters": sum(p.numel() for p in trainable),
+               "processes": distributed.world_size()}  # fmt: skip
+    if main:
+        publish_model(policy, out)
+        atomic_write_json(out / "sft_results.json", results)
+    distributed.barrier()  # the other ranks end once the model is written
     return results

@@ -168,9 +168,15 @@ def average_gradients(parameters: Iterable[torch.nn.Parameter]) -> None:
 def broadcast_parameters(module: torch.nn.Module) -> None:
     """Rank 0's parameters and buffers on every rank (the ranks start from the same weights whatever their own
     initialisation did)."""
+    broadcast_tensors([*module.parameters(), *module.buffers()])
+
+
+@torch.no_grad()
+def broadcast_tensors(tensors: Iterable[torch.Tensor]) -> None:
+    """Rank 0's values of ``tensors`` (parameters, buffers) on every rank, in place."""
     if not active():
         return
-    for tensor in [*module.parameters(), *module.buffers()]:
+    for tensor in tensors:
         moved = tensor.data.to(_backend_device())
         dist.broadcast(moved, 0)
         tensor.data.copy_(moved)
