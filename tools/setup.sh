@@ -3,14 +3,21 @@
 #   source tools/setup.sh [WHEEL_DIR ...]
 # It unpacks GL loader .deb files brought along in .gl (EGL for MuJoCo), installs the wheels brought along
 # in the given folders (default .whl: diffusers, metaworld, mujoco 3.3.0 and small deps) into /tmp/site,
+# extracts the site-packages archives (.tar.xz) found there too (LIBERO's, from tools/libero_carry.py),
 # and exports what rendering and imports need. A host with pip access needs none of it: `pip install -e .`.
 if [ -d .gl ]; then
   for f in .gl/*.deb; do dpkg -x "$f" /; done
   ldconfig
 fi
 dirs=("$@"); [ ${#dirs[@]} -eq 0 ] && dirs=(.whl)
+mkdir -p /tmp/site
 for d in "${dirs[@]}"; do
-  [ -d "$d" ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$d"/*.whl
+  [ -d "$d" ] || continue
+  wheels=("$d"/*.whl)
+  [ -e "${wheels[0]}" ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${wheels[@]}"
+  for archive in "$d"/*.tar.xz; do
+    [ -e "$archive" ] && python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' "$archive" /tmp/site
+  done
 done
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export MUJOCO_GL=egl PYOPENGL_PLATFORM=egl PYTHONUNBUFFERED=1
