@@ -6,6 +6,8 @@ Small and real: 64x64 frames, a few envs, a few hundred simulator steps in total
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
@@ -59,6 +61,19 @@ def test_suites_and_instructions():
     with pytest.raises(ValueError, match="unknown task suite"):
         suite_tasks("mt11")
 
+
+def test_a_dataset_of_meta_world_instructions_maps_to_its_tasks_without_importing_libero():
+    """sim_tasks reads Meta-World's table first: LIBERO (seconds to import, where the extra is installed) only for an
+    instruction that table lacks; an instruction of no simulator is refused by name."""
+    code = ("import sys; from worldloop.sims.tasks import instruction, sim_tasks; "
+            "print(sim_tasks([instruction('reach-v3'), instruction('drawer-open-v3')]), 'libero' in sys.modules)")  # fmt: skip
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")[-2]
+    assert shown == "['reach-v3', 'drawer-open-v3'] False"
+    from worldloop.config import ConfigError
+    from worldloop.sims.tasks import sim_tasks
+
+    with pytest.raises(ConfigError, match="are not simulator tasks"):
+        sim_tasks(["reach the goal position", "juggle three balls"])
 
 def test_reset_and_step_shapes(env):
     assert isinstance(env, VecEnv)

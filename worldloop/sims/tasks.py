@@ -142,7 +142,9 @@ def sim_tasks(instructions: list[str]) -> list[str]:
     """Simulator task names of a dataset's instructions (Meta-World's instruction table, and LIBERO's)."""
     from worldloop.config import ConfigError
 
-    by_instruction = {text: task for task, text in known_instructions().items()}
+    by_instruction = {text: task for task, text in INSTRUCTIONS.items()}
+    if any(text not in by_instruction for text in instructions):  # LIBERO's too (importing LIBERO takes seconds)
+        by_instruction = {text: task for task, text in known_instructions().items()}
     unknown = [text for text in instructions if text not in by_instruction]
     if unknown:
         raise ConfigError(f"instructions {unknown[:3]} are not simulator tasks: --policy rollouts need the simulator's tasks")
