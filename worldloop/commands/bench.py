@@ -19,7 +19,7 @@ HELP = """Measure speed and print a table:
   wm      world-model step (5 DiT steps + decode of the new frames): frames/s and FLOP utilisation
   wm-train  world-model training: optimizer steps/s and clips/s, without and with self-forcing; under
             torchrun --nproc-per-node N, also one process against N and the scaling efficiency
-  vae-train  VAE training: optimizer steps/s and clips/s, default and channels-last memory layout
+  vae-train  VAE training: optimizer steps/s, clips/s, MFU and GPU-busy share; on a GPU eager and compiled
   reward  judge throughput: classifier and TOPReward windows/s
   vla     OpenVLA-OFT act() latency/throughput and GRPO update time and peak memory (--models tiny 7b)"""
 

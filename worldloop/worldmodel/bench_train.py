@@ -208,19 +208,21 @@ def random_episodes(image_size: int, count: int = 8, length: int = 40) -> list[S
     ]  # fmt: skip
 
 
-def time_vae_training(config: Config, episodes: list, steps: int, device: torch.device) -> float:
+def time_vae_training(config: Config, episodes: list, steps: int, device: torch.device, compiled: bool = False) -> float:
     """Wall seconds of one ``train_vae`` run of ``steps`` steps (build, loop, statistics, metrics and save)."""
-    return seconds_per_call(lambda: train_vae_run(config, episodes, steps, device), device, repeats=1, warmup=0)
+    return seconds_per_call(lambda: train_vae_run(config, episodes, steps, device, compiled), device, repeats=1, warmup=0)
 
 
-def train_vae_run(config: Config, episodes: list, steps: int, device: torch.device) -> None:
-    """One ``train_vae`` run of ``steps`` steps on ``episodes``, into a temporary folder."""
+def train_vae_run(config: Config, episodes: list, steps: int, device: torch.device, compiled: bool = False) -> None:
+    """One ``train_vae`` run of ``steps`` steps on ``episodes``, into a temporary folder; ``compiled``: its forward
+    compiled (after a compiled warm-up run, the difference of two runs leaves compilation out, whether a run compiles
+    again or reuses what the last one compiled)."""
     from worldloop.worldmodel.train import train_vae
 
     never = 10**9
     vae = dataclasses.replace(config.vae, steps=steps, time_limit_s=0.0, init=None, pretrained=None, checkpoint_every=never)
     with tempfile.TemporaryDirectory() as out:
-        train_vae(vae, episodes, episodes[:1], out, device, seed=config.seed, log_every=never)
+        train_vae(vae, episodes, episodes[:1], out, device, seed=config.seed, log_every=never, compile_forward=compiled)
 
 
 def vae_step_flops(config: Config, device: torch.device) -> float:
@@ -239,31 +241,32 @@ def vae_step_flops(config: Config, device: torch.device) -> float:
     return float(counter.get_total_flops())
 
 
-def measure_vae(config: Config, episodes: list, steps: int, device: torch.device, flops: float) -> dict:
+def measure_vae(config: Config, episodes: list, steps: int, device: torch.device, flops: float, compiled: bool = False) -> dict:
     from worldloop.worldmodel.bench import peak_flops
     from worldloop.worldmodel.train import VAE_CLIP_FRAMES
 
-    per_step = seconds_per_step(lambda n: time_vae_training(config, episodes, n, device), steps)
-    busy = busy_share(lambda n: train_vae_run(config, episodes, n, device), steps, device)
+    per_step = seconds_per_step(lambda n: time_vae_training(config, episodes, n, device, compiled), steps)
+    busy = busy_share(lambda n: train_vae_run(config, episodes, n, device, compiled), steps, device)
     peak = peak_flops(device)
     batch = config.vae.batch_size
-    return {"size": config.vae.size, "batch": batch, "frames": VAE_CLIP_FRAMES, "image_size": config.sim.image_size,
+    return {"size": config.vae.size, "batch": batch, "frames": VAE_CLIP_FRAMES, "image_size": config.sim.image_size, "compiled": compiled,
             "spatial_downsamples": config.vae.spatial_downsamples, "step_ms": 1e3 * per_step, "steps_per_s": 1 / per_step, "clips_per_s": batch / per_step,
             "tflops": flops / per_step / 1e12, "mfu": flops / per_step / peak if peak else None, "gpu_busy": busy}  # fmt: skip
 
 
 def format_vae_table(rows: list[dict]) -> str:
-    header = (f"{'preset':<8} {'batch':>5} {'frames':>6} {'pixels':>6} {'halvings':>8} {'step ms':>8} {'steps/s':>8} {'clips/s':>8} "
+    header = (f"{'preset':<8} {'batch':>5} {'frames':>6} {'pixels':>6} {'halvings':>8} {'compiled':>8} {'step ms':>8} {'steps/s':>8} {'clips/s':>8} "
               f"{'TF/s':>6} {'MFU':>5} {'GPU busy':>8}")  # fmt: skip
     lines = [header, "-" * len(header)]
     for r in rows:
-        lines.append(f"{r['size']:<8} {r['batch']:>5} {r['frames']:>6} {r['image_size']:>6} {r['spatial_downsamples']:>8} {r['step_ms']:8.1f} "
+        lines.append(f"{r['size']:<8} {r['batch']:>5} {r['frames']:>6} {r['image_size']:>6} {r['spatial_downsamples']:>8} "
+                     f"{'yes' if r['compiled'] else 'no':>8} {r['step_ms']:8.1f} "
                      f"{r['steps_per_s']:8.2f} {r['clips_per_s']:8.1f} {r['tflops']:6.1f} {percent(r['mfu']):>5} {percent(r['gpu_busy']):>8}")  # fmt: skip
     return "\n".join(lines)
 
 
 def bench_vae_train(args: argparse.Namespace, config: Config) -> int:
-    """Time ``train_vae`` at the preset's shapes."""
+    """Time ``train_vae`` at the preset's shapes; on a GPU, eagerly and with its forward compiled."""
     from worldloop.utils.device import resolve_device
     from worldloop.worldmodel.train import VAE_CLIP_FRAMES
 
@@ -271,8 +274,11 @@ def bench_vae_train(args: argparse.Namespace, config: Config) -> int:
         raise ValueError(f"bench vae-train needs --steps >= 2 (it times the difference of two runs), got {args.steps}")
     device = resolve_device(config.device)
     episodes = random_episodes(config.sim.image_size, length=max(40, VAE_CLIP_FRAMES))
-    time_vae_training(config, episodes, 2, device)  # warm-up: CUDA context, cuDNN's choices
-    rows = [measure_vae(config, episodes, args.steps, device, vae_step_flops(config, device))]
+    flops = vae_step_flops(config, device)
+    rows = []
+    for compiled in (False, True) if device.type == "cuda" else (False,):  # eager against compiled, on a GPU
+        time_vae_training(config, episodes, 2, device, compiled)  # warm-up: CUDA context, cuDNN's choices, compilation
+        rows.append(measure_vae(config, episodes, args.steps, device, flops, compiled))
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     title = f"worldloop bench vae-train on {where} ({config.sim.image_size}px frames)"
     write_report(args.out, f"{title}\n{format_vae_table(rows)}", {"rows": rows})

@@ -198,10 +198,18 @@ def latent_statistics(vae, episodes: Sequence[EpisodeLike], device: torch.device
     return raw.mean(1).tolist(), raw.std(1).clamp_min(1e-4).tolist()
 
 
+def vae_forward(vae, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The VAE's training forward: encode, sample the posterior, decode. Returns the posterior's mean, log-variance and
+    variance, and the reconstruction: tensors only, so that it compiles into one graph (``train_vae(compile_forward=True)``)."""
+    posterior = vae.encode(pixels).latent_dist
+    return posterior.mean, posterior.logvar, posterior.var, vae.decode(posterior.sample()).sample
+
+
 def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out: Sequence[EpisodeLike], out: str | Path, device: torch.device, seed: int = 0,
-              log_every: int = LOG_EVERY) -> dict[str, Any]:
+              log_every: int = LOG_EVERY, compile_forward: bool = False) -> dict[str, Any]:
     """Train an AutoencoderKLWan from scratch or from ``config.init`` (or load ``config.pretrained``), save it to ``out``
-    in diffusers format with its latent statistics, and write ``out/metrics.json``."""
+    in diffusers format with its latent statistics, and write ``out/metrics.json``. ``compile_forward``: torch.compile
+    the training forward (:func:`vae_forward`; `bench vae-train` measures it against eager on a GPU)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if not train_episodes:
@@ -236,6 +244,7 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
         losses = []
         vae.train()
         budget.started, done, first = time.time(), step, step
+        forward = torch.compile(vae_forward) if compile_forward else vae_forward
         bar = _progress(range(step, config.steps), initial=step, total=config.steps, desc="train-vae", disable=not main)
         curve, tenths = [], int(10 * budget.fraction(step))  # held-out PSNR at each tenth of the budget: how it grows with time
         for step in bar:
@@ -244,12 +253,11 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
             frames = store.sample(config.batch_size, VAE_CLIP_FRAMES, generator, mine)
             pixels = vae_lib.frames_to_pixels(frames)
             with autocast(device):
-                posterior = vae.encode(pixels).latent_dist
-                recon = vae.decode(posterior.sample()).sample
+                mean, logvar, var, recon = forward(vae, pixels)
             recon = recon.float()
             l1 = (recon - pixels).abs().mean()
             l2 = (recon - pixels).pow(2).mean()
-            kl = 0.5 * (posterior.mean.float().pow(2) + posterior.var.float() - 1.0 - posterior.logvar.float()).mean()
+            kl = 0.5 * (mean.float().pow(2) + var.float() - 1.0 - logvar.float()).mean()
             loss = l1 + l2 + KL_WEIGHT * kl
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
