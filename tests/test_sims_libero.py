@@ -134,11 +134,11 @@ def test_spatial_expert_puts_the_bowl_on_the_plate(task, init_state):
 
 
 @needs_libero
-def test_object_expert_puts_the_object_in_the_basket_and_names_what_it_does_not_pick():
+def test_object_expert_puts_a_tall_bottle_in_the_basket_and_goal_tasks_have_no_expert():
     from worldloop.sims.libero import LiberoVecEnv
 
-    config = SimConfig(backend="libero", suite="libero_object", tasks=["libero_object-6", "libero_object-2"], camera="agentview", num_workers=1)
-    with LiberoVecEnv(config, num_envs=1, render=False) as env:  # 6: the butter
+    config = SimConfig(backend="libero", suite="libero_object", tasks=["libero_object-2", "libero_goal-0"], camera="agentview", num_workers=1)
+    with LiberoVecEnv(config, num_envs=1, render=False) as env:  # 2: the salad dressing, 14.6 cm tall and 22 g
         env.reset([0], [3])
         success, done = False, False
         while not done:
@@ -146,9 +146,10 @@ def test_object_expert_puts_the_object_in_the_basket_and_names_what_it_does_not_
             success, done = success or bool(step.success.any()), bool(step.done[0, -1])
             assert actions.shape == (1, env.chunk_size, 7) and actions.abs().max() <= 1.0
         assert success and int(env.elapsed_steps[0]) < 280  # ended at its first success, inside the suite's 280 steps
-        env.reset([1], [0])  # 2: the salad dressing, tall enough for the fingers to knock it over
-        with pytest.raises(ValueError, match="does not pick 'salad_dressing"):
+        env.reset([1], [0])  # LIBERO-Goal: no scripted expert; the error names the task
+        with pytest.raises(ValueError, match="no scripted expert for libero_goal-0"):
             env.step_expert()
+
 
 @needs_libero
 def test_collect_on_libero_writes_a_lerobot_v3_dataset(tmp_path):

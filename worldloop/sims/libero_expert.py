@@ -210,19 +210,26 @@ BASKET_RIM = 0.141
 """Height (m) of the basket's rim above the floor."""
 GRASP_DEPTH = 0.045
 """How far (m) below an object's top the fingertips close (at most half its height)."""
-OBJECT_COVERED = ("alphabet_soup", "cream_cheese", "bbq_sauce", "tomato_sauce", "butter", "chocolate_pudding")
-"""Objects the LIBERO-Object expert picks; the tall ones (salad dressing, ketchup, milk, orange juice) it does not:
-its fingers knock them over on the way down."""
+TALL = 0.12
+"""An object taller than this (m) is a light bottle or carton that tips over when the hand presses on its top."""
+TALL_GRASP_DEPTH = 0.025
+"""How far (m) below a tall object's top the fingertips close: the hand's underside, 3 cm above the point between
+the fingertips, stays clear of the top; the finger pads reach 1.3 to 2.9 cm below it."""
+OBJECT_COVERED = ("alphabet_soup", "cream_cheese", "salad_dressing", "bbq_sauce", "ketchup", "tomato_sauce", "butter", "milk",
+                  "chocolate_pudding", "orange_juice")
+"""Objects the LIBERO-Object expert picks: those of LIBERO-Object's ten tasks. A goal with any other object is refused by name."""
 
 
 class ObjectExpert(_PoseExpert):
     """Closed-loop expert for one LIBERO-Object episode: "pick up the <object> and place it in the basket".
 
     The goal ``(In <object> basket_1_contain_region)`` names both. The expert grasps the object from above at its
-    centre, fingers closing across its narrower side, a few centimetres below its top; lifts it until its bottom
-    clears the basket's rim; carries it (the held object's centre, not the hand) over the basket's centre, lowers it
-    inside and lets go. An object that slips out is grasped again. The object's extent comes from its collision
-    geometry, in its own frame."""
+    centre, fingers closing across its narrower horizontal side, a few centimetres below its top (a tall bottle or
+    carton 2.5 cm below it, by its cap or gable, so that the hand does not press on it and tip it over); lifts it until
+    its bottom clears the basket's rim; carries it (the held object's centre, not the hand) over the basket's centre,
+    lowers it inside and lets go. An object that slips out is grasped again. The object's extent comes from its
+    collision geometry, in its own frame (the bottles and cans stand along their own y axis), its height along the
+    axis that stands closest to vertical."""
 
     def __init__(self, target: str, basket: str, extent: tuple[np.ndarray, np.ndarray]):
         self.target, self.basket = target, basket
@@ -263,16 +270,19 @@ class ObjectExpert(_PoseExpert):
         rotation = Rotation.from_quat(observation["robot0_eef_quat"])
         orientation = Rotation.from_quat(observation[f"{self.target}_quat"])
         basket = observation["positions"][self.basket]
-        size = self.high - self.low
+        size = self.high - self.low  # in the object's frame: a bottle stands along its own y axis
+        vertical = int(np.argmax(np.abs(orientation.as_matrix()[2])))  # the object's axis closest to world z
+        height = size[vertical]
         centre = observation[f"{self.target}_pos"] + orientation.apply((self.low + self.high) / 2)
-        top = centre[2] + size[2] / 2
+        top = centre[2] + height / 2
         if self.home_rotation is None:
             self.home_rotation = rotation
-            across = orientation.apply([1.0, 0.0, 0.0] if size[0] < size[1] else [0.0, 1.0, 0.0])  # the narrower side
+            first, second = (axis for axis in range(3) if axis != vertical)
+            across = orientation.apply(np.eye(3)[first if size[first] <= size[second] else second])  # the narrower side
             yaw = np.pi / 2 - (np.pi - np.arctan2(across[1], across[0])) % np.pi  # fingers close along world y at the start
             self.target_rotation = Rotation.from_euler("z", yaw) * rotation
-            self.depth = min(GRASP_DEPTH, size[2] / 2)
-            self.carry_z = BASKET_RIM + 0.04 + size[2] - self.depth  # the held object's bottom 4 cm above the rim
+            self.depth = TALL_GRASP_DEPTH if height > TALL else min(GRASP_DEPTH, height / 2)
+            self.carry_z = BASKET_RIM + 0.04 + height - self.depth  # the held object's bottom 4 cm above the rim
         grasp = np.array([centre[0], centre[1], top - self.depth])
         gripper = OPEN
         phase = self.phase
@@ -303,7 +313,7 @@ class ObjectExpert(_PoseExpert):
                 self._next("lower")
         elif phase == "lower":  # the object's bottom 6 cm above the floor, inside the basket
             offset = eef - centre
-            target, gripper = np.array([basket[0] + offset[0], basket[1] + offset[1], 0.06 + size[2] / 2 + offset[2]]), CLOSE
+            target, gripper = np.array([basket[0] + offset[0], basket[1] + offset[1], 0.06 + height / 2 + offset[2]]), CLOSE
             if eef[2] < target[2] + 0.01 or self.phase_steps > 30:
                 self._next("release")
         else:  # release, then back off upwards
