@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import tempfile
+import time
 
 import pytest
 import torch
@@ -18,6 +19,10 @@ from worldloop.utils import distributed
 CPU = torch.device("cpu")
 
 
+RANKS_TIMEOUT_S = 300
+"""How long the ranks of one :func:`run_ranks` may take: a rank left waiting in a collective fails the test, not CI."""
+
+
 def run_ranks(function, world_size: int, *args):
     """``function(*args)`` in ``world_size`` forked processes joined by gloo, as torchrun would start them; their
     return values in rank order."""
@@ -25,8 +30,14 @@ def run_ranks(function, world_size: int, *args):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     with tempfile.TemporaryDirectory() as results:
-        torch.multiprocessing.start_processes(_rank_main, args=(world_size, port, results, function, args), nprocs=world_size, join=True,
-                                              start_method="fork")  # the children start with what this process imported
+        ranks = torch.multiprocessing.start_processes(_rank_main, args=(world_size, port, results, function, args), nprocs=world_size,
+                                                      join=False, start_method="fork")  # the children start with what this process imported
+        deadline = time.monotonic() + RANKS_TIMEOUT_S
+        while not ranks.join(timeout=1):
+            if time.monotonic() > deadline:
+                for process in ranks.processes:
+                    process.kill()
+                pytest.fail(f"{function.__name__} on {world_size} ranks did not finish in {RANKS_TIMEOUT_S} s (a rank waits for one that left)")
         return [torch.load(Path(results) / f"{rank}.pt", weights_only=False) for rank in range(world_size)]
 
 
@@ -432,8 +443,7 @@ def _verb_in_ranks(out: Path, overrides: list[str]):
         outcome = run_command(args, load_config("tiny-cpu", overrides))
     except Exception as error:
         outcome = f"{type(error).__name__}: {error}"
-    distributed.init("cpu")  # the verb left the process group at its end: join it again for the next one
-    try:
+    try:  # refused before it joins a process group (the verb above left its own at its end)
         refused = run_command(build_parser().parse_args(["config"]), load_config("tiny-cpu", []))
     except ConfigError as error:
         refused = str(error)
