@@ -30,7 +30,7 @@ TINY_OVERRIDES = [
 """A real collection of 2 MT10 tasks x 2 episodes (episode 0 clean, episode 1 noisy), 48 steps at most."""
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # tests/ and everything below it: once per test run (per test process)
 def tiny_dataset(tmp_path_factory) -> Path:
     """Root of a LeRobot v3.0 dataset made by a real ``collect`` (read it with TrajectoryDataset).
 

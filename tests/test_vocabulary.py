@@ -1,13 +1,12 @@
 """The project speaks of itself: its code, tests, tools and docs name runs by date and topic, never by the
-working vocabulary of the hosts they ran on. The words are built from pieces so that this file passes itself; pytest's
-own fixture scope of that name is spared."""
+working vocabulary of the hosts they ran on. The words are built from pieces so that this file passes itself."""
 
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKED = ("README.md", "docs", "worldloop", "tests", "scripts", "tools", "Makefile")
-WORDS = re.compile(rf"(?<!scope=\")\b{'ses' + 'sion'}|\b{'lea' + 'se'}[sd]?\b|\b{'iss' + 'ue'}s?\s*#?\d", re.IGNORECASE)
+WORDS = re.compile(rf"\b{'ses' + 'sion'}|\b{'lea' + 'se'}[sd]?\b|\b{'iss' + 'ue'}s?\s*#?\d", re.IGNORECASE)
 TEXT = {".md", ".py", ".yaml", ".yml", ".sh", ".txt", ".json", ".toml", ".cfg", ".svg", ""}
 
 
@@ -36,7 +35,7 @@ def offences() -> list[str]:
 def test_the_pattern_catches_each_word_and_spares_its_neighbours():
     caught = ["a " + "ses" + "sion ran", "Ses" + "sion-scoped", "media-" + "ses" + "sion10.png", "the " + "lea" + "se ended",
               "two " + "lea" + "ses", "iss" + "ue 6's criterion", "iss" + "ues 2-6", "iss" + "ue #39"]
-    spared = ["release the workers", "released", "pleased", "a known " + "iss" + "ue", "reissue", '@pytest.fixture(scope="' + "ses" + 'sion")']
+    spared = ["release the workers", "released", "pleased", "a known " + "iss" + "ue", "reissue"]
     assert [bool(WORDS.search(text)) for text in caught] == [True] * len(caught)
     assert [bool(WORDS.search(text)) for text in spared] == [False] * len(spared)
 
