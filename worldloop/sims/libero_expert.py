@@ -235,7 +235,7 @@ class ObjectExpert(_PoseExpert):
         self.target, self.basket = target, basket
         self.low, self.high = extent  # the object's collision geometry's corners, in its own frame
         self.phase, self.phase_steps = "approach", 0
-        self.home_rotation: Rotation | None = None
+        self.depth: float | None = None  # how far below the object's top it is grasped: chosen at the first step
         self.hold_offset: np.ndarray | None = None
         self.carry_z = 0.0
 
@@ -275,8 +275,7 @@ class ObjectExpert(_PoseExpert):
         height = size[vertical]
         centre = observation[f"{self.target}_pos"] + orientation.apply((self.low + self.high) / 2)
         top = centre[2] + height / 2
-        if self.home_rotation is None:
-            self.home_rotation = rotation
+        if self.depth is None:
             first, second = (axis for axis in range(3) if axis != vertical)
             across = orientation.apply(np.eye(3)[first if size[first] <= size[second] else second])  # the narrower side
             yaw = np.pi / 2 - (np.pi - np.arctan2(across[1], across[0])) % np.pi  # fingers close along world y at the start
