@@ -119,13 +119,13 @@ def test_experiment_runs_the_base_once_every_arm_and_seed_resumes_and_analyses(t
     assert len(rl) == 2 * 2 + 2 * 2 + 2  # full and shuffled: rl1 and rl2; real_grpo: rl1 only; x 2 seeds
     for argv in rl:
         assert ("seed=0" in argv) != ("seed=1" in argv)
-        assert argv[argv.index("--judge") + 1] == "exp/base/judge" and "--tasks" in argv  # the base's judge, the gate's tasks
+        assert argv[argv.index("--judge") + 1] == "exp/base/judge" and "--gate" in argv  # the base's judge, as the gate certified it
         assert ("rl.diagnostics.shuffled_scores=true" in argv) == ("/shuffled/" in argv[argv.index("--out") + 1])
     real = [argv for argv in rl if "/real_grpo/" in argv[argv.index("--out") + 1]]
     budget = real_episode_budget(config, 2, 2)  # 8 real trajectories, 4 per iteration
     assert all(argv[1:3] == ["--env", "real"] and f"rl.iterations={budget // 4}" in argv and "--keyframes" not in argv for argv in real)
     assert json.loads((tmp_path / "exp" / "experiment.json").read_text())["real_episode_budget"]["episodes"] == budget == 8
-    assert not any("--tasks" in argv for argv in calls if argv[0] != "rl")  # evaluations keep the base evaluation's tasks
+    assert not any("--tasks" in argv or "--gate" in argv for argv in calls if argv[0] != "rl")  # evaluations keep the base evaluation's tasks
     parser = build_parser()  # every stage's command line is one the real CLI accepts
     for argv in calls:
         rest = parser.parse_known_args(argv)[1]

@@ -6,77 +6,158 @@ import json
 
 import pytest
 
-from worldloop.diagnostics.gate import gate_table, gate_verdicts
-from worldloop.config import load_config
+from worldloop.diagnostics.gate import GateEpisodes, GateRule, bootstrap_kappa, compare_rules, episode_scores, gate_table, gate_verdicts, split
+from worldloop.diagnostics.gate import write_gate as write_gate_folder
+from worldloop.config import ConfigError, load_config
 from worldloop.loop import STAGES_DIR, Inputs, gate_arguments, plan, rl_minutes, run_loop
 
 
-def calibration(per_task: dict[str, tuple[float, float, float | None, float]], threshold: float = 0.9, calibrated: bool = True) -> dict:
-    """A judge calibration's result (``calibrate_threshold``) with (real success, judged success, kappa, kappa SE) per task."""
-    return {
-        "threshold": threshold, "calibrated": calibrated,
-        "real": {"per_task": {t: {"success_once": r, "stderr": 0.1, "episodes": 16} for t, (r, _, _, _) in per_task.items()}},
-        "replayed_after": {"per_task": {t: {"success_once": j, "stderr": 0.1, "episodes": 16} for t, (_, j, _, _) in per_task.items()},
-                           "per_task_kappa": {t: {"kappa": k, "kappa_stderr": se} for t, (_, _, k, se) in per_task.items()}},
-    }  # fmt: skip
+def episodes_of(per_task: dict[str, tuple[str, list[float], list[float]]]) -> GateEpisodes:
+    """Gate episodes: per task (the simulator's verdicts '1100...', each episode's replay score, its real-frame score),
+    every episode 3 chunks long with its score at the middle chunk."""
+    gate = GateEpisodes([], [], [], [])
+    for task, (real, replay, frames) in per_task.items():
+        for verdict, r, f in zip(real, replay, frames):
+            gate.task.append(task)
+            gate.real.append(verdict == "1")
+            gate.replay.append([0.0, r, 0.0])
+            gate.frames.append([0.0, f, 0.0])
+    return gate
 
 
-def test_a_task_passes_only_with_kappa_above_the_bar_and_above_chance():
-    result = gate_verdicts(calibration({
-        "door-open-v3": (0.5, 0.45, 0.81, 0.10),  # tracks
-        "drawer-open-v3": (0.4, 0.7, 0.35, 0.12),  # above chance, below the bar
-        "reach-v3": (1.0, 1.0, None, 0.0),  # every real episode succeeded: kappa undefined
-        "window-open-v3": (0.3, 0.3, 0.62, 0.40),  # above the bar but within 2 SE of chance
-        "drawer-close-v3": (1.0, 0.7, 0.0, 0.37),  # every real episode succeeded, some replays failed: still undefined
-    }), min_kappa=0.6, significance_se=2.0)  # fmt: skip
-    assert result["passed"] == ["door-open-v3"]
+def tracking(n: int, seed: int = 0) -> tuple[str, list[float], list[float]]:
+    """A task the judge reads right on n episodes: successes score 0.9, failures 0.1 (one of each kind in every pair)."""
+    real = "".join("1" if (i // 2) % 2 == 0 else "0" for i in range(n))
+    return real, [0.9 if c == "1" else 0.1 for c in real], [0.9 if c == "1" else 0.1 for c in real]
+
+
+def test_calibration_and_evaluation_episodes_never_overlap_and_the_threshold_sees_only_calibration():
+    tasks = ["door"] * 5 + ["drawer"] * 4 + ["door"]
+    halves = split(tasks)
+    assert halves == ["calibration", "evaluation"] * 2 + ["calibration"] + ["calibration", "evaluation"] * 2 + ["evaluation"]
+    for task in ("door", "drawer"):  # both halves hold every task
+        assert {h for t, h in zip(tasks, halves) if t == task} == {"calibration", "evaluation"}
+    gate = episodes_of({"door-open-v3": tracking(48)})
+    rule = GateRule(success_chunks=1, min_kappa=0.6)
+    before = gate_verdicts(gate, rule, fallback_threshold=0.5)
+    assert before["episodes"] == {"calibration": 24, "evaluation": 24} and before["tasks"]["door-open-v3"]["episodes"] == 24
+    # scrambling every evaluation episode's scores changes no threshold, only the verdicts measured on them
+    evaluation = [i for i, h in enumerate(split(gate.task)) if h == "evaluation"]
+    for i in evaluation:
+        gate.replay[i] = [0.0, 0.95 if not gate.real[i] else 0.05, 0.0]
+    after = gate_verdicts(gate, rule, fallback_threshold=0.5)
+    assert after["threshold"] == before["threshold"] == 0.9
+    assert before["tasks"]["door-open-v3"]["kappa"] == 1.0 and after["tasks"]["door-open-v3"]["kappa"] == -1.0
+
+
+def test_a_planted_single_frame_false_positive_does_not_fool_the_episode_rule():
+    """Every failure's replay has one chunk the judge calls a sure success (0.99) among low ones; every success holds
+    0.8 over 3 chunks. Any one verdict (success_chunks 1) calls every episode a success at any threshold the successes
+    pass; 2 consecutive verdicts read every episode right."""
+    gate = GateEpisodes([], [], [], [])
+    for i in range(48):
+        success = (i // 2) % 2 == 0
+        chunks = [0.1, 0.8, 0.8, 0.8, 0.1] if success else [0.1, 0.2, 0.99, 0.2, 0.1]
+        gate.task.append("door-open-v3"), gate.real.append(success), gate.replay.append(chunks), gate.frames.append(chunks)
+    assert list(episode_scores(gate.replay[:4], 2)) == [0.8, 0.8, 0.2, 0.2] and list(episode_scores(gate.replay[2:3], 1)) == [0.99]
+    fooled = gate_verdicts(gate, GateRule(success_chunks=1), fallback_threshold=0.5)
+    assert fooled["passed"] == [] and fooled["tasks"]["door-open-v3"]["auroc"] == 0.0  # every failure outscores every success
+    robust = gate_verdicts(gate, GateRule(success_chunks=2), fallback_threshold=0.5)
+    row = robust["tasks"]["door-open-v3"]
+    assert robust["passed"] == ["door-open-v3"] and row["kappa"] == 1.0 and tuple(row["kappa_interval"]) == (1.0, 1.0)
+    assert robust["real_frames"]["found"] == robust["real_frames"]["successes"] == 12 and robust["real_frames"]["false_successes"] == 0
+    compared = {(r["success_chunks"], r["per_task"]): r for r in compare_rules(gate, GateRule(success_chunks=2), 0.5)}
+    assert compared[(2, False)]["chosen"] and compared[(2, False)]["passed"] == 1 and compared[(1, False)]["passed"] == 0
+
+
+def test_the_bootstrap_interval_matches_a_hand_computed_case():
+    """Real 1, 0, 1 and judged 1, 0, 0: the 27 equally likely resamples, by how often each episode is drawn (a, b, c:
+    the agreed success, the agreed failure, the miss). Each composition's kappa by hand:
+    (3,0,0), (0,3,0): undefined (both verdicts constant and equal), left out;  (0,0,3): real all 1, judged all 0: 0;
+    (2,1,0), (1,2,0): perfect, 1;  (2,0,1): real 1,1,1 judged 1,1,0: chance = q = 2/3, agreement 2/3: 0;
+    (1,0,2): chance 1/3 = agreement: 0;  (0,2,1), (0,1,2): no judged success, agreement = chance: 0;
+    (1,1,1): agreement 2/3, p = 2/3, q = 1/3, chance = 2/9 + 2/9 = 4/9: kappa (6/9 - 4/9) / (5/9) = 0.4.
+    Multiplicities (multinomial, of 27): 1,1 left out; the rest: (0,0,3) 1; (2,1,0) 3; (1,2,0) 3; (2,0,1) 3; (1,0,2) 3;
+    (0,2,1) 3; (0,1,2) 3; (1,1,1) 6; so of 25 defined: 0 x 13, 0.4 x 6, 1 x 6. Lower 2.5 % quantile: 0; upper 97.5 %:
+    1 (the 25 * 0.975 = 24.4th value)."""
+    assert bootstrap_kappa([1, 0, 1], [1, 0, 0], resamples=None) == pytest.approx((0.0, 1.0))
+    # an 80 % interval: the quantiles at 0.1 (CDF 13/25 at 0) and 0.9 (CDF 19/25 at 0.4, 25/25 at 1)
+    assert bootstrap_kappa([1, 0, 1], [1, 0, 0], resamples=None, level=0.8) == pytest.approx((0.0, 1.0))
+    # a 20 % interval: the quantiles at 0.4 (0) and 0.6 (0.4: more than 13/25 lie at or below it)
+    assert bootstrap_kappa([1, 0, 1], [1, 0, 0], resamples=None, level=0.2) == pytest.approx((0.0, 0.4))
+    assert bootstrap_kappa([1, 1], [1, 1], resamples=None) is None  # every resample undefined
+    low, high = bootstrap_kappa([1, 0] * 12, [1, 0] * 12)  # perfect agreement: every defined resample has kappa 1
+    assert (low, high) == (1.0, 1.0)
+    # the random bootstrap approximates the exact one
+    real, judged = [1, 0, 1, 1, 0, 0], [1, 0, 0, 1, 1, 0]
+    exact, sampled = bootstrap_kappa(real, judged, resamples=None), bootstrap_kappa(real, judged, resamples=20000, seed=1)
+    assert exact == pytest.approx(sampled, abs=0.1)
+
+
+def test_a_task_passes_only_with_kappa_above_the_bar_and_an_interval_clear_of_the_floor():
+    gate = episodes_of({
+        "door-open-v3": tracking(48),  # tracks: kappa 1
+        "reach-v3": ("1" * 48, [0.9] * 48, [0.9] * 48),  # every real episode succeeded: kappa undefined
+        # above the bar on 6 evaluation episodes with one false success (kappa 0.67), but its interval reaches far lower
+        "window-open-v3": ("110011001100", [0.9, 0.9, 0.1, 0.1] * 2 + [0.9, 0.9, 0.1, 0.9], [0.5] * 12),
+        # a judge no better than chance: the calibration half cannot tell successes from failures, nor the evaluation half
+        "drawer-open-v3": ("1100" * 12, [0.9, 0.1] * 24, [0.5] * 48),
+    })  # fmt: skip
+    result = gate_verdicts(gate, GateRule(success_chunks=1, per_task=True, min_kappa=0.6, min_lower=0.3), fallback_threshold=0.5)
     why = {task: row["why_not"] for task, row in result["tasks"].items()}
-    assert "below 0.6" in why["drawer-open-v3"] and "all 16 real episodes succeeded" in why["reach-v3"]
-    assert "not 2 SE above chance" in why["window-open-v3"] and why["door-open-v3"] == ""
-    assert "all 16 real episodes succeeded" in why["drawer-close-v3"] and result["tasks"]["drawer-close-v3"]["kappa"] is None
+    assert result["passed"] == ["door-open-v3"] and why["door-open-v3"] == ""
+    assert "kappa undefined: all 24 evaluation episodes succeeded" in why["reach-v3"] and result["tasks"]["reach-v3"]["kappa"] is None
+    assert "lower bound" in why["window-open-v3"] and result["tasks"]["window-open-v3"]["kappa"] == pytest.approx(2 / 3)
+    assert "below 0.6" in why["drawer-open-v3"]
     table = gate_table(result)
-    assert "| door-open-v3 | 16 | 0.50 ± 0.10 | 0.45 ± 0.10 | 0.81 ± 0.10 | - | yes |" in table  # no replay scores: no AUROC
-    assert "| reach-v3 | 16 | 1.00 ± 0.10 | 1.00 ± 0.10 | undefined | - | no: kappa undefined" in table
+    assert "| door-open-v3 | 24 | 0.50 ± 0.10 | 0.50 ± 0.10 | 1.00 ± 0.00 | [1.00, 1.00] | 1.00 | 1.00 | yes |" in table
+    assert "| reach-v3 | 24 | 1.00 ± 0.00 | 1.00 ± 0.00 | undefined | - | - | undefined | no: kappa undefined" in table
+    assert "Thresholds chosen on 78 calibration episodes; every number below from the other 78." in table
     # not enforced: every task passes, and the table says the gate only measured
-    loose = gate_verdicts(calibration({"reach-v3": (1.0, 1.0, None, 0.0)}), min_kappa=None, significance_se=2.0)
-    assert loose["passed"] == ["reach-v3"] and "not enforced" in gate_table(loose)
+    loose = gate_verdicts(gate, GateRule(min_kappa=None), fallback_threshold=0.5)
+    assert loose["passed"] == list(result["tasks"]) and "not enforced" in gate_table(loose) and "yes (not enforced)" in gate_table(loose)
 
 
-def test_auroc_says_whether_any_threshold_reads_a_tasks_replays_and_analyse_rebuilds_the_gate(tmp_path, capsys):
+def test_analyse_rebuilds_a_committed_gate_folder_from_its_episodes(tmp_path, capsys):
     from worldloop.cli import main
 
-    result = calibration({"door-open-v3": (0.5, 0.5, 0.0, 0.2), "window-open-v3": (0.5, 0.5, 0.0, 0.2), "reach-v3": (0.0, 0.0, None, 0.0)})
-    result["per_episode"] = {  # door: successes' replays score higher (AUROC 1); window: lower, 1 tie (AUROC 0.125)
-        "score": [0.9, 0.8, 0.1, 0.2] + [0.1, 0.3, 0.3, 0.9] + [0.5, 0.6],
-        "real": "1100" + "1100" + "00",
-        "task": ["door-open-v3"] * 4 + ["window-open-v3"] * 4 + ["reach-v3"] * 2,
-    }
-    (tmp_path / "judge_calibration.json").write_text(json.dumps(result))
-    (tmp_path / "gate.json").write_text(json.dumps(gate_verdicts(calibration({"door-open-v3": (0.5, 0.5, 0.0, 0.2)}), 0.6, 2.0)))
-    assert main(["analyse", str(tmp_path)]) == 0  # a committed gate folder: gate.json and gate.md from the replays' scores
-    rows = json.loads((tmp_path / "gate.json").read_text())["tasks"]
-    assert rows["door-open-v3"]["auroc"] == 1.0 and rows["window-open-v3"]["auroc"] == 0.125 and rows["reach-v3"]["auroc"] is None
-    assert "| 0.00 ± 0.20 | 1.00 | no: kappa 0.00 ± 0.20 is below 0.6 |" in (tmp_path / "gate.md").read_text()
+    gate = episodes_of({"door-open-v3": tracking(16), "reach-v3": ("0" * 16, [0.2] * 16, [0.2] * 16)})
+    written = write_gate_folder(tmp_path, gate, GateRule(min_kappa=0.6), 0.5, "runs/mw/judge")
+    (tmp_path / "gate.md").unlink()
+    assert main(["analyse", str(tmp_path)]) == 0
+    rebuilt = json.loads((tmp_path / "gate.json").read_text())
+    assert rebuilt == json.loads(json.dumps(written)) and rebuilt["passed"] == ["door-open-v3"]
+    assert "Episode rules on the same split" in (tmp_path / "gate.md").read_text()
     assert "gate.md and gate.json rebuilt" in capsys.readouterr().out
 
 
-def write_gate(folder, passed: list[str], threshold: float = 0.93, calibrated: bool = True) -> None:
-    """gate.json as `worldloop gate` writes it: the ``passed`` tasks track (kappa 0.8), reach-v3 does not (0.1) unless passed."""
-    tasks = {task: (0.5, 0.5, 0.8, 0.1) for task in passed} | ({} if "reach-v3" in passed else {"reach-v3": (0.5, 0.5, 0.1, 0.1)})
+def write_gate(folder, passed: list[str], threshold: float = 0.5) -> None:
+    """gate.json as `worldloop gate` writes it: the ``passed`` tasks track, reach-v3 does not unless passed."""
+    per_task = {task: tracking(16) for task in passed}
+    if "reach-v3" not in passed:
+        per_task["reach-v3"] = ("10" * 8, [0.5] * 16, [0.5] * 16)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "gate.json").write_text(json.dumps(gate_verdicts(calibration(tasks, threshold, calibrated), 0.6, 2.0)))
+    write_gate_folder(folder, episodes_of(per_task), GateRule(min_kappa=0.6, min_lower=0.3), threshold, "runs/judge")
 
 
-def test_rl_stages_train_on_the_tasks_that_passed_at_the_gates_threshold(tmp_path):
+def test_rl_stages_judge_as_the_gate_certified_on_the_tasks_it_passed(tmp_path):
+    import argparse
+
+    from worldloop.commands.rl import certified_by_gate
+
     write_gate(tmp_path, ["door-open-v3", "drawer-open-v3"])
-    config = load_config("micro", ["loop.gate_min_kappa=0.6", "rl.judge_threshold=null"])
-    assert gate_arguments(config, tmp_path) == (["--tasks", "door-open-v3,drawer-open-v3"], ["rl.judge_threshold=0.93"])
-    # rl.judge_threshold=replay chooses again, on the RL stage's own starting policy; a gate that kept its threshold says none
-    assert gate_arguments(load_config("micro", ["loop.gate_min_kappa=0.6", "rl.judge_threshold=replay"]), tmp_path)[1] == []
-    write_gate(tmp_path, ["door-open-v3"], calibrated=False)
-    assert gate_arguments(config, tmp_path) == (["--tasks", "door-open-v3"], [])
-    # not enforced: RL keeps its own tasks
-    assert gate_arguments(load_config("micro", ["rl.judge_threshold=null"]), tmp_path)[0] == []
+    config = load_config("micro", ["loop.gate_min_kappa=0.6", "rl.judge_threshold=replay", "rl.success_chunks=1"])
+    assert gate_arguments(config, tmp_path) == (["--gate", str(tmp_path)], [])
+    gate = json.loads((tmp_path / "gate.json").read_text())
+    gate["rule"]["success_chunks"], gate["task_thresholds"] = 2, {"door-open-v3": 0.77}
+    (tmp_path / "gate.json").write_text(json.dumps(gate))
+    args = argparse.Namespace(gate=str(tmp_path), judge="runs/judge", tasks=None)
+    certified, own = certified_by_gate(args, config)
+    # the gate's threshold, rule and tasks; no recalibration of RL's own
+    assert certified.rl.judge_threshold == gate["threshold"] and certified.rl.success_chunks == 2 and own == {"door-open-v3": 0.77}
+    assert args.tasks == "door-open-v3,drawer-open-v3"
+    with pytest.raises(ConfigError, match="certified the judge runs/judge, not --judge other"):
+        certified_by_gate(argparse.Namespace(gate=str(tmp_path), judge="other", tasks=None), config)
     write_gate(tmp_path, [])
     assert gate_arguments(config, tmp_path) is None
 
@@ -123,11 +204,11 @@ def test_rl_gets_what_the_time_budget_left_and_until_stops_with_a_report(tmp_pat
 
     report = run_loop(config, tmp_path, Inputs(), "micro", [], verb=verb, stop_after="rl1")
     assert argvs[-1][0] == "rl" and any(a.startswith("rl.time_limit_min=") for a in argvs[-1]) and report.is_file()
-    # an enforced gate names the RL stages' tasks, and only theirs: the evaluation after RL covers every task
+    # the gate speaks to the RL stages, and only to them: the evaluation after RL covers every task
     (tmp_path / STAGES_DIR / "rl1.json").unlink()
     argvs.clear()
     run_loop(load_config("micro", ["loop.gate_min_kappa=0.6"]), tmp_path, Inputs(), "micro", [], verb=verb, stop_after="eval_rl1")
     assert [a[0] for a in argvs] == ["rl", "eval"]
-    assert argvs[0][argvs[0].index("--tasks") + 1] == "reach-v3" and "--tasks" not in argvs[1]
+    assert argvs[0][argvs[0].index("--gate") + 1] == str(tmp_path / "gate") and "--gate" not in argvs[1] and "--tasks" not in argvs[1]
     with pytest.raises(ValueError, match="--until nope: not a stage"):
         run_loop(config, tmp_path, Inputs(), "micro", [], verb=verb, stop_after="nope")

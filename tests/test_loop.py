@@ -70,9 +70,14 @@ def test_loop_runs_every_stage_resumes_and_reports(tmp_path, capsys):
     assert wm_evo[wm_evo.index("--init") + 1] == str(run / "rl1" / "world_model")  # PACE goes on from the refined model
     refined = json.loads((run / "rl1" / "results.json").read_text())["history"][0]
     assert refined["world_model/refine_real_episodes"] == 2 and (run / "rl1" / "refine" / "round_000001.safetensors").is_file(), refined
-    # the judge's threshold, set on the base policy's replayed episodes, was chosen again in the refined world model
-    assert (run / "rl1" / "judge_calibration_episodes.pt").is_file() and (run / "rl1" / "refine" / "judge_000001.json").is_file()
-    assert refined["world_model/judge_threshold"] == json.loads((run / "rl1" / "refine" / "judge_000001.json").read_text())["threshold"]
+    # RL judged as the gate certified (its threshold and episode rule, chosen on the gate's calibration episodes), not
+    # as rl.judge_threshold=replay would have chosen again; the refined world model keeps that judge
+    gate = json.loads((run / "gate" / "gate.json").read_text())
+    for stage in ("rl1", "rl2"):
+        rl = load_config(run / stage / "config.yaml").rl
+        assert rl.judge_threshold == gate["threshold"] and rl.success_chunks == gate["rule"]["success_chunks"]
+    assert not (run / "rl1" / "judge_calibration.json").exists() and "world_model/judge_threshold" not in refined
+    assert (run / "gate" / "gate_episodes.json").is_file() and gate["episodes"] == {"calibration": 4, "evaluation": 4}
     rollouts = json.loads((run / "rollouts_base" / "summary.json").read_text())["overall"]
     assert rollouts["episodes"] > 0 and rollouts["noisy"]["episodes"] == 0  # a policy's rollouts are not a noisy expert's
 

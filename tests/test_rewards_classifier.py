@@ -51,6 +51,12 @@ def test_episode_threshold_judges_episodes_the_way_rl_does():
     assert scores.tolist() == [0.4, 0.7] and real.tolist() == [False, True] and task.tolist() == [0, 1]
     verdicts = episode_summary(probabilities, data, threshold=0.3, verdict_every=4)
     assert (verdicts["false_success"], verdicts["missed_success"], verdicts["judged_success_once"]) == (1, 0, 1.0)
+    # two verdicts in a row (rl.success_chunks=2): an episode scores the lower of its best pair; episode 0's single
+    # judged false positive (0.4 at time 4, then 0 at time 8) no longer makes it a success at 0.3
+    scores, _, _ = episode_scores(probabilities, data, verdict_every=4, success_chunks=2)
+    assert scores.tolist() == [0.0, 0.2]
+    verdicts = episode_summary(probabilities, data, threshold=0.15, verdict_every=4, success_chunks=2)
+    assert (verdicts["false_success"], verdicts["missed_success"], verdicts["success_chunks"]) == (0, 0, 2)
     # Hand-worked, success [F, T, F, T] and scores 0.1-0.4: ">= 0.2" judges [F, T, T, T] (agreement 3/4,
     # chance 1/2, kappa 1/2), ">= 0.3" [F, F, T, T] (kappa 0), ">= 0.4" [F, F, F, T] (kappa 1/2 again).
     scores, truth = np.array([0.1, 0.2, 0.3, 0.4]), np.array([False, True, False, True])

@@ -19,7 +19,7 @@ from worldloop.rewards.qwen_random import QWEN_VOCAB_SIZE, save_random_qwen3_vl_
 
 # Real episodes of two chunks (16 steps: keyframes need a failure that long), imagined ones of one, one Euler step of
 # imagination, two base rollouts per task (one held out for eval-wm), one RL iteration of the preset's 2 groups of 2.
-OVERRIDES = [*TINY, "loop.pace=false", "loop.eval_episodes_per_task=1", "loop.base_rollouts_per_task=2", "loop.gate_episodes_per_task=1",
+OVERRIDES = [*TINY, "loop.pace=false", "loop.eval_episodes_per_task=1", "loop.base_rollouts_per_task=2", "loop.gate_episodes_per_task=2",
              "sim.max_steps=16", "rl.max_steps=8", "world_model.sampling_steps=1", "rl.iterations=1", "rl.judge_threshold=replay", "rl.kir_ratio=0",
              "world_model.eval_horizons=[4]", "world_model.eval_episodes=1"]  # fmt: skip
 
@@ -41,7 +41,7 @@ def random_base(config, folder):
     return str(folder / "policy"), str(folder / "wm")
 
 
-def test_the_topreward_arm_runs_the_loop_and_rl_calibrates_its_threshold_on_replays(tmp_path):
+def test_the_topreward_arm_runs_the_loop_and_the_gate_reads_its_replays(tmp_path):
     qwen = save_random_qwen3_vl_folder(tmp_path / "Qwen3-VL-tiny", "tiny", video_size=TINY_VIDEO_SIZE)
     overrides = [*OVERRIDES, f"loop.judge=topreward:{qwen}"]
     config = load_config("micro", overrides)
@@ -60,12 +60,12 @@ def test_the_topreward_arm_runs_the_loop_and_rl_calibrates_its_threshold_on_repl
     rl = next(argv for argv in calls if argv[0] == "rl")
     assert rl[rl.index("--judge") + 1] == f"topreward:{qwen}"
     assert (run / "rl1" / "policy" / "model.safetensors").is_file()
-    # the threshold's calibration read TOPReward's P(" True") of the base policy's replayed episodes
-    calibration = json.loads((run / "rl1" / "judge_calibration.json").read_text())
-    assert calibration["previous"] == config.reward.topreward.threshold
-    replayed = calibration["per_episode"]["score"]
+    # the gate read TOPReward's P(" True") of the base policy's replayed episodes
+    gate = json.loads((run / "gate" / "gate.json").read_text())
+    assert gate["judge_threshold"] == config.reward.topreward.threshold
+    replayed = [p for chunks in json.loads((run / "gate" / "gate_episodes.json").read_text())["replay"] for p in chunks]
     # a random tiny Qwen3-VL answers near uniformly over its 151936 tokens: P(" True") ~ 1 / 151936, never 0
-    assert len(replayed) == len(config.sim.tasks) and all(abs(math.log(p * QWEN_VOCAB_SIZE)) < 1 for p in replayed), replayed
-    # the random base policy fails every real episode: no kappa to choose by, TOPReward's default threshold stays
-    assert calibration["real"]["success_once"] == 0.0 and not calibration["calibrated"]
-    assert calibration["threshold"] == calibration["previous"] and "all succeeded or all failed" in calibration["kept_because"]
+    assert len(replayed) >= 2 * len(config.sim.tasks) and all(abs(math.log(p * QWEN_VOCAB_SIZE)) < 1 for p in replayed), replayed
+    # the random base policy fails every real episode: no kappa to choose by, TOPReward's default threshold stays, and RL judges at it
+    assert not any(json.loads((run / "gate" / "gate_episodes.json").read_text())["real"]) and not gate["calibrated"]
+    assert load_config(run / "rl1" / "config.yaml").rl.judge_threshold == gate["threshold"] == gate["judge_threshold"]

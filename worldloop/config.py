@@ -179,12 +179,18 @@ class LoopConfig:
     pace: bool = True
     """Run the second half of the loop: rl.refine_episodes_per_task real rollouts per task of the stage-1 policy, on which
     the world model trains rl.refine_steps more steps (WM Base -> WM Evo), then RL stage 2; False: the w/o-PACE ablation."""
-    gate_episodes_per_task: int = 16
+    gate_episodes_per_task: int = 48
     """The fidelity gate (`worldloop gate`, before RL): real episodes of the base policy per task, replayed in the world model."""
     gate_min_kappa: float | None = 0.6
-    """The fidelity gate: the judge-on-replay kappa a task needs (and more than reward.calibrate.threshold_significance_se standard
-    errors above chance) for RL to train on it, and the loop's judge then learns the world model's replays too (train-reward
-    --world-model); null: the gate measures and reports, RL trains on every task, and the judge learns real frames only."""
+    """The fidelity gate: the judge-on-replay kappa a task needs on the gate's evaluation episodes for RL to train on it,
+    and the loop's judge then learns the world model's replays too (train-reward --world-model); null: the gate measures
+    and reports, RL trains on every task, and the judge learns real frames only."""
+    gate_min_kappa_lower: float = 0.3
+    """The fidelity gate: the lower bound of a task's bootstrap 95 % kappa interval must lie above this too (with 24
+    evaluation episodes a kappa of 0.6 can rest on 3 successes)."""
+    gate_threshold_per_task: bool = False
+    """The fidelity gate: each task's calibration episodes choose a judge threshold of its own (the one for all where
+    they cannot); RL in the loop judges each task at its own."""
     time_budget_min: float = 0.0
     """Wall-clock minutes for the whole loop (`loop --time-budget`): the RL stages get what the stages before them
     left, less a minute for each stage after them; 0: no budget (each stage as its own settings say)."""
@@ -196,6 +202,8 @@ class LoopConfig:
             raise ValueError(f"gate_episodes_per_task must be >= 1, got {self.gate_episodes_per_task}")
         if self.gate_min_kappa is not None and not -1.0 <= self.gate_min_kappa <= 1.0:
             raise ValueError(f"gate_min_kappa must be a kappa in [-1, 1] or null (not enforced), got {self.gate_min_kappa}")
+        if not -1.0 <= self.gate_min_kappa_lower <= 1.0:
+            raise ValueError(f"gate_min_kappa_lower must be a kappa in [-1, 1], got {self.gate_min_kappa_lower}")
         if self.time_budget_min < 0:
             raise ValueError(f"time_budget_min must be >= 0 (0: no budget), got {self.time_budget_min}")
         counts = (self.demo_episodes_per_task, self.sft_episodes_per_task, self.base_rollouts_per_task, self.eval_episodes_per_task)

@@ -207,16 +207,14 @@ def run_stages(
 
 
 def gate_arguments(config: Config, gate: Path) -> tuple[list[str], list[str]] | None:
-    """What the fidelity gate says to a stage after it: (RL's --tasks, config overrides), or None when no task passed.
-    Only RL stages take the tasks: the evaluations after RL keep the base evaluation's tasks and initial states.
-    RL trains on the tasks that passed, at the judge threshold the gate chose on its replays (unless
-    rl.judge_threshold=replay, which chooses again on the RL stage's own starting policy)."""
+    """What the fidelity gate says to a stage after it: (RL's arguments, config overrides), or None when no task passed.
+    Only RL stages take them: ``--gate``, so that RL trains on the tasks that passed with exactly the judge, episode rule
+    and threshold(s) the gate certified on its held-out episodes. The evaluations after RL keep the base evaluation's
+    tasks and initial states."""
     result = read_json(gate / "gate.json")
     if not result["passed"]:
         return None
-    tasks = ["--tasks", ",".join(result["passed"])] if config.loop.gate_min_kappa is not None else []
-    threshold = [f"rl.judge_threshold={result['threshold']}"] if result["calibrated"] and config.rl.judge_threshold != "replay" else []
-    return tasks, threshold
+    return ["--gate", str(gate)], []
 
 
 def rl_minutes(config: Config, stages: list[Stage], seconds_so_far: dict[str, float]) -> float:

@@ -12,8 +12,8 @@ paired by initial state with the base policy's; secondary: through the world mod
 seed: the paired change, its normal z and the exact sign (McNemar) test; per arm: the mean change and its SE across seeds
 with an exact sign-flip test over seeds; each arm against the full arm with an exact permutation test over seeds; per
 task with Holm's correction across tasks; imagined against real success per arm.
-A fidelity gate's folder (`worldloop gate --out GATE`, it holds judge_calibration.json) gets its gate.json and gate.md
-again from its replays' scores, with each task's AUROC.
+A fidelity gate's folder (`worldloop gate --out GATE`, it holds gate_episodes.json) gets its gate.json and gate.md
+again from its episodes' verdicts: the split, the thresholds, every kappa and interval, the episode rules compared.
 Example: worldloop analyse runs/exp; worldloop analyse runs/mw/gate"""
 
 
@@ -27,9 +27,9 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from worldloop.analysis import write_analysis
     from worldloop.diagnostics.gate import rebuild_gate
 
-    if (Path(args.run) / "judge_calibration.json").is_file() and (Path(args.run) / "gate.json").is_file():
+    if (Path(args.run) / "gate_episodes.json").is_file() and (Path(args.run) / "gate.json").is_file():
         print(rebuild_gate(args.run))
-        print(f"analyse: {Path(args.run) / 'gate.md'} and gate.json rebuilt from judge_calibration.json")
+        print(f"analyse: {Path(args.run) / 'gate.md'} and gate.json rebuilt from gate_episodes.json")
         return 0
     path = write_analysis(args.run)
     print(path.read_text(), end="")

@@ -9,17 +9,21 @@ from worldloop.config import Config
 from worldloop.utils.runfolder import RunSpec
 
 HELP = """The fidelity gate, run by `worldloop loop` before RL: on each task, loop.gate_episodes_per_task real
-episodes of --policy (initial states apart from the evaluations'), their actions replayed open loop in
---world-model and judged by --judge. The judge's threshold is chosen on these replays (as rl.judge_threshold=replay
-does), and each task's Cohen's kappa between the replays' verdicts and the simulator's says whether imagination
-tracks reality there. A task passes when its kappa is at least loop.gate_min_kappa and more than
-reward.calibrate.threshold_significance_se standard errors above chance; RL in the loop trains only on the tasks that pass.
-OUT gets gate.json (every number, the passing tasks, why the others fail), gate.md (the table) and
-judge_calibration.json/.png (the threshold's choice).
+episodes of --policy (initial states apart from the evaluations'), judged at every chunk's end on their real frames
+and on their actions replayed open loop in --world-model. Each task's episodes are dealt alternately into a
+calibration half, on which the judge's threshold is chosen (one for all tasks, or each its own with
+loop.gate_threshold_per_task), and an evaluation half, on which alone every verdict is measured: an episode is a
+success once rl.success_chunks consecutive verdicts pass, and a task passes when the Cohen's kappa of its replays'
+verdicts against the simulator's is at least loop.gate_min_kappa and the lower bound of its bootstrap 95 % interval
+lies above loop.gate_min_kappa_lower. RL in the loop trains on the passing tasks with exactly this judge, rule and
+threshold (`worldloop rl --gate OUT`).
+OUT gets gate_episodes.json (every episode's verdicts: `worldloop analyse OUT` rebuilds the rest from it), gate.json
+(every number, the passing tasks, why the others fail, the other episode rules scored on the same split) and gate.md.
 Example: worldloop gate --policy runs/mw/policy_base --world-model runs/mw/wm_base --judge runs/mw/judge \\
          --dataset runs/mw/rollouts_base --out runs/mw/gate"""
 
-RUN = RunSpec(("seed", "sim", "eval", "reward", "world_model", "rl", "loop.gate_episodes_per_task", "loop.gate_min_kappa"))
+RUN = RunSpec(("seed", "sim", "eval", "reward", "world_model", "rl", "loop.gate_episodes_per_task", "loop.gate_min_kappa",
+               "loop.gate_min_kappa_lower", "loop.gate_threshold_per_task"))
 
 FIRST_EPISODE = 1000
 """The gate's real episodes use the eval verb's initial states from this episode number on: apart from every
@@ -36,19 +40,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
-    import dataclasses
-
     import torch
 
     from worldloop.commands.shared import load_world_model
     from worldloop.config import save_config
     from worldloop.data.dataset import TrajectoryDataset
-    from worldloop.diagnostics.gate import gate_table, gate_verdicts
-    from worldloop.diagnostics.reality import calibrate_threshold, load_rl_judge, reality_check
+    from worldloop.diagnostics.gate import gate_rule, gate_table, measure, write_gate
+    from worldloop.diagnostics.reality import load_rl_judge
     from worldloop.policies import EXPERT, load_policy
     from worldloop.sims.tasks import check_task, resolve_tasks
     from worldloop.utils.device import resolve_device
-    from worldloop.utils.io import atomic_write_json, atomic_write_text
 
     out = Path(args.out)
     tasks = [check_task(task) for task in args.tasks.split(",")] if args.tasks else resolve_tasks(config.sim)
@@ -57,21 +58,13 @@ def run(args: argparse.Namespace, config: Config) -> int:
     policy = load_policy(args.policy, device)
     if policy == EXPERT:
         raise ValueError("--policy expert: the gate replays the episodes of the policy RL starts from; give a policy folder")
+    if config.loop.gate_episodes_per_task < 2:
+        raise ValueError(f"loop.gate_episodes_per_task={config.loop.gate_episodes_per_task}: the gate calibrates on half of each task's episodes "
+                         "and measures on the other half; give at least 2 (48 or more for a kappa worth reading)")  # fmt: skip
     save_config(config, out)
-    # the calibration of rl.judge_threshold=replay, on the gate's episodes
-    gate_config = dataclasses.replace(config, rl=dataclasses.replace(config.rl, eval_episodes_per_task=config.loop.gate_episodes_per_task))
     world_model = load_world_model(args.world_model, config, args.overrides, device)
     judge = load_rl_judge(args.judge, device, config)
-    closers: list = []
-    try:
-        check = reality_check(gate_config, tasks, world_model, judge, TrajectoryDataset(args.dataset), device, closers, first_episode=FIRST_EPISODE)
-        calibration = calibrate_threshold(check, policy, judge, config.rl, out / "judge_calibration.json", config.reward.calibrate)
-    finally:
-        for env in closers:
-            env.close()
-    result = gate_verdicts(calibration, config.loop.gate_min_kappa, config.reward.calibrate.threshold_significance_se)
-    table = gate_table(result)
-    atomic_write_json(out / "gate.json", result)
-    atomic_write_text(out / "gate.md", table + "\n")
-    print(table)
+    episodes = measure(config, tasks, policy, world_model, judge, TrajectoryDataset(args.dataset), device, FIRST_EPISODE)
+    result = write_gate(out, episodes, gate_rule(config), judge.threshold, args.judge)
+    print(gate_table(result))
     return 0

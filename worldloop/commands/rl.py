@@ -36,10 +36,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", default=None, help="dataset whose episodes' first frames start imagined episodes")
     parser.add_argument("--keyframes", default=None, help="KIR keyframe folder (needed when rl.kir_ratio > 0)")
     parser.add_argument("--tasks", default=None, help="comma-separated simulator task names to train on (default: the dataset's, or sim.tasks/suite)")
+    parser.add_argument("--gate", default=None, help="a fidelity gate's folder (`worldloop gate --out GATE`): judge as it certified (its threshold(s) "
+                        "and rl.success_chunks) and, without --tasks, train on the tasks it passed")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
+    config, certified = certified_by_gate(args, config) if args.gate else (config, None)
     check_arguments(args, config.rl)
     import torch
 
@@ -60,12 +63,39 @@ def run(args: argparse.Namespace, config: Config) -> int:
         save_config(config, args.out)
     world_model = load_world_model(args.world_model, config, args.overrides, device) if args.world_model else None
     results = run_rl(config, policy, args.out, args.env == "imagined", world_model, args.judge, args.dataset, args.keyframes,
-                     args.tasks.split(",") if args.tasks else None, progress_bar=not args.no_progress, device=device)  # fmt: skip
+                     args.tasks.split(",") if args.tasks else None, progress_bar=not args.no_progress, device=device,
+                     judge_task_thresholds=certified)  # fmt: skip
     if results is None:  # not the main rank
         return 0
     print(results_table(results["evaluations"], results["history"]), end="")
     print(f"final policy: {args.out}/policy; curves: tensorboard --logdir {args.out}/tb")
     return 0
+
+
+def certified_by_gate(args: argparse.Namespace, config: Config) -> tuple[Config, dict[str, float]]:
+    """``--gate GATE``: the config with the judge's threshold and episode rule the gate certified on its held-out
+    episodes (rl.judge_threshold, rl.success_chunks; no recalibration of its own), ``args.tasks`` set to the tasks it
+    passed when none are given, and the per-task thresholds it chose (simulator task -> threshold)."""
+    import dataclasses
+    from pathlib import Path
+
+    from worldloop.utils.io import read_json
+
+    path = Path(args.gate) / "gate.json"
+    if not path.is_file():
+        raise ConfigError(f"--gate {args.gate}: no gate.json there; give the folder `worldloop gate --out` wrote")
+    gate = read_json(path)
+    if "rule" not in gate:
+        raise ConfigError(f"--gate {args.gate}: its gate.json predates held-out gates (no rule recorded); run `worldloop gate` again")
+    if args.judge and Path(gate["judge"]).resolve() != Path(args.judge).resolve() and gate["judge"] != args.judge:
+        raise ConfigError(f"--gate {args.gate} certified the judge {gate['judge']}, not --judge {args.judge}: RL must judge as the gate did")
+    if not args.tasks and gate["min_kappa"] is not None:
+        if not gate["passed"]:
+            raise ConfigError(f"--gate {args.gate}: no task passed it ({args.gate}/gate.md), so RL's reward would be noise on every task")
+        args.tasks = ",".join(gate["passed"])
+    rl = dataclasses.replace(config.rl, judge_threshold=float(gate["threshold"]), success_chunks=int(gate["rule"]["success_chunks"]),
+                             train_tasks="all", diagnostics=dataclasses.replace(config.rl.diagnostics, threshold_per_task=False))  # fmt: skip
+    return dataclasses.replace(config, rl=rl), {task: float(t) for task, t in gate["task_thresholds"].items()}
 
 
 def check_arguments(args: argparse.Namespace, rl) -> None:

@@ -15,7 +15,7 @@ HELP = (
     "scored too (held_out_imagined). Rerun the same command to resume."
 )
 
-RUN = RunSpec(("seed", "sim.chunk_size", "reward", "world_model"))
+RUN = RunSpec(("seed", "sim.chunk_size", "reward", "world_model", "rl.success_chunks"))
 DISTRIBUTED = True  # data-parallel under torchrun (worldloop.utils.distributed)
 
 
@@ -73,7 +73,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
         )
     threshold_on = "held_out_imagined" if "held_out_imagined" in also_evaluate else "held_out"
     metrics = train_classifier(train, held_out, config.reward, args.out, device, seed=config.seed, also_evaluate=also_evaluate,
-                               threshold_on=threshold_on, verdict_every=config.sim.chunk_size)  # fmt: skip
+                               threshold_on=threshold_on, verdict_every=config.sim.chunk_size,
+                               success_chunks=config.rl.success_chunks)  # fmt: skip
     if not distributed.is_main():
         return 0
     report = metrics["held_out"] or metrics["train"]

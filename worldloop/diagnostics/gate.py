@@ -1,79 +1,316 @@
-"""The fidelity gate's verdicts (``worldloop gate``, before RL in the loop): does the world model, read by the judge,
-agree with the simulator, task by task? From a judge calibration on replays (:func:`worldloop.diagnostics.reality.calibrate_threshold`)."""
+"""The fidelity gate (``worldloop gate``, before RL in the loop): does the world model, read by the judge, agree with
+the simulator, task by task? Measured so that a skeptic accepts the verdict:
+
+    per task, N real episodes of the starting policy (initial states apart from every evaluation's)
+    -> the judge's P(success) at every chunk's end, on the real frames and on the episode replayed open loop in the
+       world model (its real first frame, then its own action chunks)
+    -> each task's episodes dealt alternately into a calibration half and an evaluation half (never both)
+    -> the episode rule (success once ``success_chunks`` consecutive verdicts pass) and its threshold(s), chosen on
+       the calibration half: one for every task, or each task its own (``per_task``)
+    -> on the evaluation half alone: per task, Cohen's kappa of the replays' verdicts against the simulator's with a
+       bootstrap 95 % interval, the AUROC of the replays' scores, imagined against real success; the judge's kappa on
+       the real frames (the judge alone)
+    -> a task passes when its kappa is at least ``min_kappa`` and its interval's lower bound above ``min_lower``.
+
+Every per-chunk probability is kept (gate_episodes.json), so the verdicts, and the comparison of the other episode
+rules (:func:`compare_rules`: what the chosen rule beat, or lost to), are rebuilt from the folder's small files by
+``worldloop analyse GATE`` without a GPU. RL in the loop then trains on the passing tasks with exactly this judge, rule
+and threshold(s) (``worldloop rl --gate GATE``).
+"""
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
-from worldloop.rewards.metrics import auroc
+from worldloop.rewards.metrics import auroc, max_kappa_threshold, streak_scores as episode_scores
 from worldloop.utils.io import atomic_write_json, atomic_write_text, read_json
-from worldloop.utils.stats import format_kappa, kappa_above_chance
+from worldloop.utils.stats import agreement_beyond_chance, format_kappa
+
+CALIBRATION, EVALUATION = "calibration", "evaluation"
+RESAMPLES = 2000
+"""Bootstrap resamples of a task's evaluation episodes for its kappa's 95 % interval."""
+RULES_COMPARED = ((1, False), (2, False), (3, False), (4, False), (1, True), (2, True), (3, True))
+"""(success_chunks, per_task) of the episode rules every gate also scores on the same split, beside its own."""
 
 
-def gate_verdicts(calibration: dict[str, Any], min_kappa: float | None, significance_se: float) -> dict[str, Any]:
-    """Each task's verdict from a judge calibration on replays (``calibrate_threshold``'s result): its real success,
-    the replays' judged success and kappa at the chosen threshold, whether it passes and why not. ``min_kappa``
-    None: the gate reports and every task passes (a preset too small for fidelity to mean anything)."""
-    real, judged = calibration["real"]["per_task"], calibration["replayed_after"]["per_task"]
-    kappas = calibration["replayed_after"]["per_task_kappa"]
-    rankings = replay_auroc(calibration)
+@dataclass
+class GateEpisodes:
+    """Per real episode of the gate: its task, the simulator's verdict, and the judge's P(success) at the end of every
+    chunk the episode ran, on the world model's replay and on the real frames."""
+
+    task: list[str]
+    real: list[bool]
+    replay: list[list[float]]
+    frames: list[list[float]]
+
+    def __post_init__(self):
+        if not len(self.task) == len(self.real) == len(self.replay) == len(self.frames):
+            raise ValueError(f"gate episodes: {len(self.task)} tasks, {len(self.real)} verdicts, {len(self.replay)} replays, {len(self.frames)} real")
+
+    def save(self, path: str | Path) -> None:
+        atomic_write_json(path, asdict(self))
+
+    @classmethod
+    def load(cls, path: str | Path) -> GateEpisodes:
+        saved = read_json(path)
+        return cls(list(saved["task"]), [bool(r) for r in saved["real"]], saved["replay"], saved["frames"])
+
+
+@dataclass(frozen=True)
+class GateRule:
+    """How the gate reads an episode and when a task passes."""
+
+    success_chunks: int = 1
+    """An episode is judged a success once this many consecutive chunk-end verdicts pass (rl.success_chunks)."""
+    per_task: bool = False
+    """Each task's calibration episodes choose its own threshold (the one for all where they cannot)."""
+    min_kappa: float | None = 0.6
+    """A task's evaluation kappa must reach this; None: the gate measures and every task passes."""
+    min_lower: float = 0.3
+    """... and the lower bound of its bootstrap 95 % interval must lie above this."""
+    tolerance_se: float = 1.0
+    """The threshold: the highest whose calibration kappa lies within this many SE of the best (reward.calibrate)."""
+    significance_se: float = 2.0
+    """... among those more than this many SE above chance (reward.calibrate)."""
+
+
+def split(tasks: Sequence[str]) -> list[str]:
+    """Each episode's half: within each task, its episodes in order go calibration, evaluation, calibration, ... so
+    both halves hold every task and no episode is in both."""
+    seen: dict[str, int] = {}
+    halves = []
+    for task in tasks:
+        halves.append(CALIBRATION if seen.get(task, 0) % 2 == 0 else EVALUATION)
+        seen[task] = seen.get(task, 0) + 1
+    return halves
+
+
+def bootstrap_kappa(real: Sequence[bool], judged: Sequence[bool], resamples: int | None = RESAMPLES, seed: int = 0,
+                    level: float = 0.95) -> tuple[float, float] | None:  # fmt: skip
+    """The percentile bootstrap interval of Cohen's kappa over episodes resampled with replacement (``resamples`` of
+    them, seeded; None: every one of the n**n resamples, exact for small n). A resample whose kappa is undefined (both
+    verdicts constant and equal) is left out; None when every one is. The bounds are the empirical quantiles
+    (inverted CDF) at (1 - level) / 2 and (1 + level) / 2."""
+    real, judged = np.asarray(real, dtype=bool), np.asarray(judged, dtype=bool)
+    n = len(real)
+    if n == 0:
+        return None
+    if resamples is None:
+        index = np.stack(np.meshgrid(*[np.arange(n)] * n, indexing="ij"), axis=-1).reshape(-1, n)
+    else:
+        index = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    a, b = real[index], judged[index]
+    agreement = (a == b).mean(axis=1)
+    p, q = a.mean(axis=1), b.mean(axis=1)
+    chance = p * q + (1 - p) * (1 - q)
+    defined = chance < 1.0 - 1e-12
+    if not defined.any():
+        return None
+    kappa = (agreement[defined] - chance[defined]) / (1.0 - chance[defined])
+    low, high = np.quantile(kappa, [(1 - level) / 2, (1 + level) / 2], method="inverted_cdf")
+    return float(low), float(high)
+
+
+def choose_thresholds(scores: np.ndarray, real: np.ndarray, tasks: np.ndarray, rule: GateRule, fallback: float) -> tuple[float, dict[str, float], str]:
+    """The threshold for every task and, with ``rule.per_task``, each task's own, chosen on these (calibration)
+    episodes by :func:`~worldloop.rewards.metrics.max_kappa_threshold`; ``fallback`` (the judge's own) where they
+    cannot choose. Returns (threshold, per-task thresholds, how the one for all was chosen)."""
+    chosen = max_kappa_threshold(scores, real, tasks, rule.tolerance_se, rule.significance_se)
+    how = f"max kappa on {len(scores)} calibration episodes" if chosen is not None else "the judge's own (no calibration threshold agrees beyond chance)"
+    threshold = fallback if chosen is None else chosen
+    own = {}
+    if rule.per_task:
+        for task in dict.fromkeys(tasks.tolist()):
+            mine = tasks == task
+            value = max_kappa_threshold(scores[mine], real[mine], tasks[mine], rule.tolerance_se, rule.significance_se)
+            if value is not None:
+                own[task] = value
+    return float(threshold), own, how
+
+
+def _rate(values: np.ndarray) -> tuple[float, float]:
+    n = len(values)
+    mean = float(values.mean()) if n else float("nan")
+    return mean, float(np.sqrt(mean * (1 - mean) / n)) if n else float("nan")
+
+
+def gate_verdicts(episodes: GateEpisodes, rule: GateRule, fallback_threshold: float, seed: int = 0) -> dict[str, Any]:
+    """The gate's result: thresholds chosen on the calibration half, every task measured on the evaluation half, and
+    whether it passes and why not. ``fallback_threshold``: the judge's own threshold."""
+    tasks, real = np.asarray(episodes.task), np.asarray(episodes.real, dtype=bool)
+    halves = np.asarray(split(episodes.task))
+    calibrating, evaluating = halves == CALIBRATION, halves == EVALUATION
+    replay, frames = episode_scores(episodes.replay, rule.success_chunks), episode_scores(episodes.frames, rule.success_chunks)
+    threshold, own, how = choose_thresholds(replay[calibrating], real[calibrating], tasks[calibrating], rule, fallback_threshold)
+    at = np.array([own.get(task, threshold) for task in episodes.task])
+    judged, judged_frames = replay >= at, frames >= at
     rows = {}
-    for task, numbers in real.items():
-        kappa, stderr = kappas[task]["kappa"], kappas[task]["kappa_stderr"]
-        if numbers["success_once"] in (0.0, 1.0):  # every real episode alike: agreement beyond chance means nothing
-            kappa, stderr = None, None
-        if min_kappa is None:
+    for task in dict.fromkeys(episodes.task):
+        mine = evaluating & (tasks == task)
+        r, j = real[mine], judged[mine]
+        agreement = agreement_beyond_chance(r, j, [task] * int(mine.sum()))
+        kappa, stderr = agreement["kappa"], agreement["kappa_stderr"]
+        if r.all() or not r.any():  # every real episode alike: agreement beyond chance means nothing
+            kappa, stderr, interval = None, None, None
+        else:
+            interval = bootstrap_kappa(r, j, seed=seed)
+        on_frames = agreement_beyond_chance(r, judged_frames[mine], [task] * int(mine.sum()))["kappa"] if kappa is not None else None
+        if rule.min_kappa is None:
             passed, why = True, "the gate is not enforced (loop.gate_min_kappa: null)"
         elif kappa is None:
-            passed, why = False, f"kappa undefined: all {numbers['episodes']} real episodes {'succeeded' if numbers['success_once'] else 'failed'}"
-        elif kappa < min_kappa:
-            passed, why = False, f"kappa {format_kappa(kappa, stderr)} is below {min_kappa:g}"
-        elif not kappa_above_chance(kappa, stderr, significance_se):
-            passed, why = False, f"kappa {format_kappa(kappa, stderr)} is not {significance_se:g} SE above chance"
+            passed, why = False, f"kappa undefined: all {int(mine.sum())} evaluation episodes {'succeeded' if r.all() else 'failed'}"
+        elif kappa < rule.min_kappa:
+            passed, why = False, f"kappa {format_kappa(kappa, stderr)} is below {rule.min_kappa:g}"
+        elif interval is None or interval[0] <= rule.min_lower:
+            passed, why = False, f"its 95 % interval's lower bound {interval[0] if interval else float('nan'):.2f} is not above {rule.min_lower:g}"
         else:
             passed, why = True, ""
-        rows[task] = {"episodes": numbers["episodes"], "real": numbers["success_once"], "real_stderr": numbers["stderr"],
-                      "judged": judged[task]["success_once"], "judged_stderr": judged[task]["stderr"],
-                      "kappa": kappa, "kappa_stderr": stderr, "auroc": rankings.get(task), "passed": passed, "why_not": why}  # fmt: skip
-    return {"threshold": calibration["threshold"], "calibrated": calibration["calibrated"], "min_kappa": min_kappa,
-            "significance_se": significance_se, "tasks": rows, "passed": [task for task, row in rows.items() if row["passed"]]}  # fmt: skip
+        (real_rate, real_se), (judged_rate, judged_se) = _rate(r), _rate(j)
+        rows[task] = {"calibration_episodes": int((calibrating & (tasks == task)).sum()), "episodes": int(mine.sum()),
+                      "real": real_rate, "real_stderr": real_se, "judged": judged_rate, "judged_stderr": judged_se,
+                      "kappa": kappa, "kappa_stderr": stderr, "kappa_interval": interval, "auroc": auroc(replay[mine], r),
+                      "kappa_on_real_frames": on_frames, "threshold": own.get(task, threshold), "passed": passed, "why_not": why}  # fmt: skip
+    overall = agreement_beyond_chance(real[evaluating], judged[evaluating], tasks[evaluating].tolist())
+    on_frames = agreement_beyond_chance(real[evaluating], judged_frames[evaluating], tasks[evaluating].tolist())
+    return {"rule": asdict(rule), "threshold": threshold, "task_thresholds": own, "threshold_chosen_by": how,
+            "calibrated": how.startswith("max kappa"), "min_kappa": rule.min_kappa, "min_lower": rule.min_lower,
+            "episodes": {"calibration": int(calibrating.sum()), "evaluation": int(evaluating.sum())},
+            "replays": {"kappa": overall["kappa"], "kappa_stderr": overall["kappa_stderr"]},
+            "real_frames": {"kappa": on_frames["kappa"], "kappa_stderr": on_frames["kappa_stderr"],
+                            "found": int((judged_frames & real & evaluating).sum()), "successes": int((real & evaluating).sum()),
+                            "false_successes": int((judged_frames & ~real & evaluating).sum())},
+            "tasks": rows, "passed": [task for task, row in rows.items() if row["passed"]]}  # fmt: skip
 
 
-def replay_auroc(calibration: dict[str, Any]) -> dict[str, float | None]:
-    """Per task, the chance that the judge scores the replay of a real success above the replay of a real failure
-    (None when the task's real outcomes are all alike): whether any threshold could read the task's replays right,
-    where kappa reads them at the one threshold chosen for every task."""
-    episodes = calibration.get("per_episode") or {}
-    if not {"score", "real", "task"} <= episodes.keys():
-        return {}
-    scores, real, tasks = np.asarray(episodes["score"]), np.array([c == "1" for c in episodes["real"]]), np.asarray(episodes["task"])
-    return {task: auroc(scores[tasks == task], real[tasks == task]) for task in dict.fromkeys(episodes["task"])}
+def compare_rules(episodes: GateEpisodes, rule: GateRule, fallback_threshold: float,
+                  rules: Sequence[tuple[int, bool]] = RULES_COMPARED) -> list[dict[str, Any]]:  # fmt: skip
+    """Every episode rule of ``rules`` (success_chunks, per_task) scored as the gate scores its own, on the same split:
+    the evaluation half's kappa on replays and on real frames, the tasks passing. The designs that lost, measured."""
+    compared = []
+    for chunks, per_task in dict.fromkeys([*rules, (rule.success_chunks, rule.per_task)]):
+        result = gate_verdicts(episodes, GateRule(**{**asdict(rule), "success_chunks": chunks, "per_task": per_task}), fallback_threshold)
+        compared.append({"success_chunks": chunks, "per_task": per_task, "chosen": (chunks, per_task) == (rule.success_chunks, rule.per_task),
+                         "replay_kappa": result["replays"]["kappa"], "replay_kappa_stderr": result["replays"]["kappa_stderr"],
+                         "real_frames_kappa": result["real_frames"]["kappa"], "passed": len(result["passed"]), "threshold": result["threshold"]})  # fmt: skip
+    return compared
+
+
+def _kappa(value: float | None, stderr: float | None = None) -> str:
+    if value is None:
+        return "undefined"
+    return f"{value:.2f}" if stderr is None else format_kappa(value, stderr)
 
 
 def gate_table(gate: dict[str, Any]) -> str:
-    """The gate as a Markdown table, one row per task."""
-    rule = "not enforced" if gate["min_kappa"] is None else f"kappa >= {gate['min_kappa']:g} and > {gate['significance_se']:g} SE above chance"
-    lines = [f"Fidelity gate ({rule}; judge threshold {gate['threshold']:.3f}): the base policy's real episodes replayed in the world model.",
-             "", "| task | episodes | real success | judged on replays | kappa | AUROC | RL trains on it |", "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
+    """The gate as Markdown: the rule, one row per task (evaluation half), the judge on real frames, the rules compared."""
+    rule = gate["rule"]
+    enforced = (f"a task passes at kappa >= {gate['min_kappa']:g} with its 95 % interval's lower bound above {gate['min_lower']:g}"
+                if gate["min_kappa"] is not None else "not enforced: it measures, and RL trains on every task")  # fmt: skip
+    own = f"; each task its own where its calibration episodes choose one ({len(gate['task_thresholds'])} did)" if rule["per_task"] else ""
+    episodes = gate["episodes"]
+    lines = [f"Fidelity gate ({enforced}). The base policy's real episodes, replayed open loop in the world model and judged: an episode is a "
+             f"success once {rule['success_chunks']} consecutive chunk verdicts pass threshold {gate['threshold']:.3f} ({gate['threshold_chosen_by']}{own}). "
+             f"Thresholds chosen on {episodes['calibration']} calibration episodes; every number below from the other {episodes['evaluation']}.",
+             "", "| task | episodes | real success | judged on replays | kappa | 95 % interval | AUROC | kappa on real frames | RL trains on it |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
     for task, row in gate["tasks"].items():
-        kappa = "undefined" if row["kappa"] is None else format_kappa(row["kappa"], row["kappa_stderr"])
+        interval = "-" if row["kappa_interval"] is None else f"[{row['kappa_interval'][0]:.2f}, {row['kappa_interval'][1]:.2f}]"
         ranking = "-" if row.get("auroc") is None else f"{row['auroc']:.2f}"
         verdict = "yes" if row["passed"] else f"no: {row['why_not']}"
-        lines.append(f"| {task} | {row['episodes']} | {row['real']:.2f} ± {row['real_stderr']:.2f} | "
-                     f"{row['judged']:.2f} ± {row['judged_stderr']:.2f} | {kappa} | {ranking} | {verdict} |")  # fmt: skip
-    lines += ["", "AUROC: how often the judge scores a real success's replay above a real failure's (0.5: chance; '-': outcomes all alike)."]
+        if gate["min_kappa"] is None:
+            verdict = "yes (not enforced)"
+        lines.append(f"| {task} | {row['episodes']} | {row['real']:.2f} ± {row['real_stderr']:.2f} | {row['judged']:.2f} ± {row['judged_stderr']:.2f} | "
+                     f"{_kappa(row['kappa'], row['kappa_stderr'])} | {interval} | {ranking} | {_kappa(row['kappa_on_real_frames'])} | {verdict} |")  # fmt: skip
+    frames = gate["real_frames"]
+    lines += ["", f"The judge alone, on the same evaluation episodes' real frames: kappa {_kappa(frames['kappa'], frames['kappa_stderr'])} (chance within "
+              f"tasks); it found {frames['found']} of {frames['successes']} real successes and called {frames['false_successes']} failures successes.",
+              "AUROC: how often a real success's replay scores above a real failure's (0.5: chance; '-': outcomes all alike). "
+              "'undefined': every evaluation episode of the task alike, where agreement beyond chance means nothing."]  # fmt: skip
+    if gate.get("rules_compared"):
+        lines += ["", "Episode rules on the same split (calibrated on one half, scored on the other):", "",
+                  "| consecutive verdicts | thresholds | kappa on replays | kappa on real frames | tasks passing |", "| ---: | --- | ---: | ---: | ---: |"]  # fmt: skip
+        for row in gate["rules_compared"]:
+            mark = " (the gate's)" if row["chosen"] else ""
+            lines.append(f"| {row['success_chunks']}{mark} | {'per task' if row['per_task'] else 'one for all'} | "
+                         f"{_kappa(row['replay_kappa'], row['replay_kappa_stderr'])} | {_kappa(row['real_frames_kappa'])} | {row['passed']} |")  # fmt: skip
     return "\n".join(lines)
 
 
+def write_gate(folder: str | Path, episodes: GateEpisodes, rule: GateRule, fallback_threshold: float, judge: str) -> dict[str, Any]:
+    """gate_episodes.json, gate.json and gate.md into ``folder``; returns the gate's result."""
+    folder = Path(folder)
+    episodes.save(folder / "gate_episodes.json")
+    result = gate_verdicts(episodes, rule, fallback_threshold) | {"judge": judge, "judge_threshold": fallback_threshold}
+    result["rules_compared"] = compare_rules(episodes, rule, fallback_threshold)
+    atomic_write_json(folder / "gate.json", result)
+    atomic_write_text(folder / "gate.md", gate_table(result) + "\n")
+    return result
+
+
 def rebuild_gate(folder: str | Path) -> str:
-    """gate.json and gate.md of a gate folder again, from its judge_calibration.json and the rule its gate.json
+    """gate.json and gate.md of a gate folder again, from its gate_episodes.json and the rule and judge its gate.json
     records (a committed folder, without the models); returns the table."""
     folder = Path(folder)
     before = read_json(folder / "gate.json")
-    result = gate_verdicts(read_json(folder / "judge_calibration.json"), before["min_kappa"], before["significance_se"])
-    atomic_write_json(folder / "gate.json", result)
-    atomic_write_text(folder / "gate.md", gate_table(result) + "\n")
-    return gate_table(result)
+    write_gate(folder, GateEpisodes.load(folder / "gate_episodes.json"), GateRule(**before["rule"]), before["judge_threshold"], before["judge"])
+    return gate_table(read_json(folder / "gate.json"))
+
+
+def measure(config: Any, tasks: Sequence[str], policy: Any, world_model: Any, judge: Any, dataset: Any, device: Any,
+            first_episode: int, progress: bool = True) -> GateEpisodes:  # fmt: skip
+    """loop.gate_episodes_per_task real episodes per task of ``policy`` from the eval verb's initial states (episode
+    numbers from ``first_episode`` on), in waves of eval.num_envs environments, each judged at every chunk's end on its
+    real frames and replayed open loop in ``world_model`` (from its real first frame, with its own action chunks;
+    world-model noise seeded by the episode's number), judged there too."""
+    import math
+
+    from tqdm import tqdm
+
+    from worldloop.diagnostics.reality import imagined_env
+    from worldloop.envs.judging import JudgedEnv
+    from worldloop.rl.evaluate import eval_seed
+    from worldloop.rl.rollout import chunks_run, collect, replay
+    from worldloop.sims import make_env
+
+    per_task = config.loop.gate_episodes_per_task
+    jobs = [(task, eval_seed(task, first_episode + e)) for task in tasks for e in range(per_task)]
+    wave = min(len(jobs), config.eval.num_envs)
+    episodes = GateEpisodes([], [], [], [])
+    real_env = make_env(config, wave, tasks=list(tasks))
+    previous = judge.threshold, dict(getattr(judge, "task_thresholds", {}))
+    judge.threshold, judge.task_thresholds = math.inf, {}  # no replay ends on a verdict: every chunk the real episode ran is scored
+    try:
+        horizon = -(-real_env.max_steps // world_model.chunk_size) * world_model.chunk_size
+        imagined = imagined_env(config, world_model, judge, dataset, None, wave, 1, horizon, device, kir_ratio=0.0)
+        judged = JudgedEnv(real_env, judge)
+        for start in tqdm(range(0, len(jobs), wave), desc="gate", unit="wave", disable=not progress):
+            batch = jobs[start : start + wave]
+            padded = batch + [batch[-1]] * (wave - len(batch))  # the last wave's spare environments repeat its last episode
+            first = judged.reset([task for task, _ in padded], [seed for _, seed in padded])
+            real = collect(policy, judged, first, 1.0, config.eval.greedy)
+            on_frames = judged.probability.cpu()
+            replayed = replay(imagined, first, real, noise_seeds=list(range(start, start + wave))).probability.cpu()
+            ran = chunks_run(real.done).sum(dim=1).cpu()
+            success = real.success_once.cpu()
+            for i, (task, _) in enumerate(batch):
+                n = int(ran[i])
+                episodes.task.append(task)
+                episodes.real.append(bool(success[i]))
+                episodes.replay.append([round(float(p), 6) for p in replayed[i, :n]])
+                episodes.frames.append([round(float(p), 6) for p in on_frames[i, :n]])
+    finally:
+        judge.threshold, judge.task_thresholds = previous
+        real_env.close()
+    return episodes
+
+
+def gate_rule(config: Any) -> GateRule:
+    """The gate's rule as the configuration says: the episode rule of RL's imagined environment (rl.success_chunks),
+    the pass rule (loop.gate_*) and the threshold's standard-error rules (reward.calibrate)."""
+    loop, calibrate = config.loop, config.reward.calibrate
+    return GateRule(config.rl.success_chunks, loop.gate_threshold_per_task, loop.gate_min_kappa, loop.gate_min_kappa_lower,
+                    calibrate.threshold_tolerance_se, calibrate.threshold_significance_se)  # fmt: skip

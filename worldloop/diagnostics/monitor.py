@@ -229,12 +229,13 @@ def train_watched(policy: Any, env: Any, rl: RLConfig, out: str | Path, seed: in
 
 def run_rl(config: Any, policy: Any, out: str | Path, imagined: bool, world_model: Any = None, judge: str | None = None,
            dataset: str | None = None, keyframes: str | None = None, tasks: list[str] | None = None, progress_bar: bool = True,
-           device: Any = "cpu") -> dict[str, Any] | None:  # fmt: skip
+           device: Any = "cpu", judge_task_thresholds: dict[str, float] | None = None) -> dict[str, Any] | None:  # fmt: skip
     """What ``worldloop rl`` runs once its inputs are loaded: the training environment (imagined in ``world_model``,
     judged by the ``judge`` folder or topreward:PATH, from ``dataset``'s first frames and the ``keyframes``; or the real
     simulator), the reality checks and the judge's calibration (under torchrun each rank runs its share of their
     episodes), the tasks imagination tracks (rl.train_tasks), the world model's refinement rounds (rl.refine_every),
-    then :func:`train_watched`. Closes every environment it opens; returns the results on rank 0, None on the others."""
+    then :func:`train_watched`. ``judge_task_thresholds`` (simulator task -> threshold, a fidelity gate's): the judge's
+    own threshold for those tasks. Closes every environment it opens; returns the results on rank 0, None on the others."""
     from worldloop.data.dataset import TrajectoryDataset
     from worldloop.diagnostics.reality import instruction_of, load_rl_judge, rl_checks, training_env
     from worldloop.policies.modeling_vla import with_value_head
@@ -247,6 +248,8 @@ def run_rl(config: Any, policy: Any, out: str | Path, imagined: bool, world_mode
     closers = []
     try:
         judge_model = load_rl_judge(judge, device, config) if judge else None
+        if judge_model is not None and judge_task_thresholds:
+            judge_model.task_thresholds = {instruction_of(task): threshold for task, threshold in judge_task_thresholds.items()}
         episodes = TrajectoryDataset(dataset) if dataset else None
         env, instructions, sim_tasks = training_env(config, imagined, world_model, judge_model, episodes, keyframes, tasks, device, num_envs)
         closers.append(env)

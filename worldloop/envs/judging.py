@@ -63,7 +63,8 @@ def streak_score(probability: torch.Tensor, success_chunks: int) -> torch.Tensor
 class JudgedEnv:
     """Any :class:`VecEnv`, passed through unchanged, with the judge's verdicts on its own frames beside
     its success: ``success_once`` (N,) says whether the judge called each episode a success before it
-    ended. The judge ends nothing here; the simulator's own success and time limit do."""
+    ended. The judge ends nothing here; the simulator's own success and time limit do. ``probability`` (N, T) holds the
+    P(success) of every chunk's verdict since the reset (0 once an episode has ended)."""
 
     def __init__(self, env: VecEnv, judge: Any, success_chunks: int = 1):
         self.env = env
@@ -71,6 +72,11 @@ class JudgedEnv:
         self.success_once = torch.zeros(env.num_envs, dtype=torch.bool)
         self._done = torch.zeros(env.num_envs, dtype=torch.bool)
         self._instructions: list[str] = []
+        self._probability: list[torch.Tensor] = []
+
+    @property
+    def probability(self) -> torch.Tensor:
+        return torch.stack(self._probability, dim=1) if self._probability else torch.zeros(self.env.num_envs, 0)
 
     def reset(self, task_ids: Sequence[int | str], seeds: Sequence[int]) -> EnvReset:
         first = self.env.reset(task_ids, seeds)
@@ -78,12 +84,14 @@ class JudgedEnv:
         self.success_once = torch.zeros(self.env.num_envs, dtype=torch.bool, device=first.frames.device)
         self._done = torch.zeros_like(self.success_once)
         self._instructions = list(first.instructions)
+        self._probability = []
         return first
 
     def step(self, actions: torch.Tensor) -> EnvStep:
         step = self.env.step(actions)
         frames = step.frames.to(self.success_once.device)
         self.success_once |= self.verdicts.update(frames, self._instructions, ~self._done)
+        self._probability.append(self.verdicts.probability)
         self._done = step.done[:, -1].to(self._done.device)
         return step
 

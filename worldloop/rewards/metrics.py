@@ -5,7 +5,7 @@ Plain numpy (no scikit-learn or scipy needed on the GPU host).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -86,6 +86,18 @@ def per_episode(episode: np.ndarray, scores: np.ndarray, success: np.ndarray, sc
     succeeded = np.zeros(len(ids), dtype=bool)
     np.logical_or.at(succeeded, number, np.asarray(success, dtype=bool))
     return ids, number, best, succeeded
+
+
+def streak_scores(probabilities: Sequence[Sequence[float]], success_chunks: int) -> np.ndarray:
+    """Per episode (its verdicts' P(success) in order), the highest threshold at which ``success_chunks`` consecutive
+    verdicts all pass (the best over its windows of their lowest P; 0 for an episode with fewer verdicts): judged a
+    success at threshold t iff score >= t. One high verdict alone makes no success when ``success_chunks`` > 1."""
+    scores = np.zeros(len(probabilities))
+    for i, verdicts in enumerate(probabilities):
+        p = np.asarray(verdicts, dtype=np.float64)
+        if len(p) >= success_chunks:
+            scores[i] = np.lib.stride_tricks.sliding_window_view(p, success_chunks).min(axis=1).max()
+    return scores
 
 
 def episode_verdict_metrics(success: np.ndarray, judged: np.ndarray, strata: list) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from worldloop.rewards.augment import world_model_artefacts
 from worldloop.rewards.classifier import MODEL_SUBFOLDER, SuccessClassifier
 from worldloop.rewards.configuration import RewardConfig
 from worldloop.rewards.labels import NO_POSITIVE_HINT, LabelledFrames
-from worldloop.rewards.metrics import at_threshold, auroc, episode_verdict_metrics, max_kappa_threshold, per_episode, suggest_thresholds
+from worldloop.rewards.metrics import at_threshold, auroc, episode_verdict_metrics, max_kappa_threshold, per_episode, streak_scores, suggest_thresholds
 from worldloop.utils import distributed
 from worldloop.utils.checkpoint import announce_resume, evaluation_interval, latest_checkpoint, load_checkpoint, save_checkpoint
 from worldloop.utils.device import autocast_dtype
@@ -48,25 +48,32 @@ def predict(model: SuccessClassifier, data: LabelledFrames, batch_size: int = 25
     return torch.cat(out).numpy()
 
 
-def episode_scores(probabilities: np.ndarray, data: LabelledFrames, verdict_every: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per episode of ``data``: the highest P(success) among the frames an environment stepped in chunks
-    of ``verdict_every`` actions judges (frame times that are multiples of it), whether the simulator
-    says the episode succeeded, and its task. An episode is judged a success once one of those frames
-    crosses the threshold, so the episode's score is their maximum (0 when it has none)."""
-    judged = (data.time.cpu().numpy() % verdict_every) == 0
-    ids, number, scores, success = per_episode(data.episode.cpu().numpy(), np.asarray(probabilities, dtype=np.float64), data.success.cpu().numpy(), judged)
+def episode_scores(probabilities: np.ndarray, data: LabelledFrames, verdict_every: int, success_chunks: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per episode of ``data``: its score under the rule the environments apply (an environment stepped in chunks of
+    ``verdict_every`` actions judges the frames whose times are multiples of it, and calls the episode a success once
+    ``success_chunks`` consecutive verdicts cross the threshold: :func:`~worldloop.rewards.metrics.streak_scores`),
+    whether the simulator says the episode succeeded, and its task."""
+    times, episode = data.time.cpu().numpy(), data.episode.cpu().numpy()
+    judged = (times % verdict_every) == 0
+    probabilities = np.asarray(probabilities, dtype=np.float64)
+    ids, number, scores, success = per_episode(episode, probabilities, data.success.cpu().numpy(), judged)
+    if success_chunks > 1:
+        order = np.lexsort((times, number))  # by episode, then time
+        order = order[judged[order]]
+        bounds = np.searchsorted(number[order], np.arange(len(ids) + 1))
+        scores = streak_scores([probabilities[order[a:b]] for a, b in zip(bounds[:-1], bounds[1:])], success_chunks)
     task = np.zeros(len(ids), dtype=np.int64)
     task[number] = data.task.cpu().numpy()
     return scores, success, task
 
 
-def episode_summary(probabilities: np.ndarray, data: LabelledFrames, threshold: float, verdict_every: int) -> dict:
+def episode_summary(probabilities: np.ndarray, data: LabelledFrames, threshold: float, verdict_every: int, success_chunks: int = 1) -> dict:
     """How the frame threshold does where it is used: success_once per episode, judged vs the simulator."""
-    scores, success, task = episode_scores(probabilities, data, verdict_every)
-    return {**episode_verdict_metrics(success, scores >= threshold, task.tolist()), "verdict_every": verdict_every}
+    scores, success, task = episode_scores(probabilities, data, verdict_every, success_chunks)
+    return {**episode_verdict_metrics(success, scores >= threshold, task.tolist()), "verdict_every": verdict_every, "success_chunks": success_chunks}
 
 
-def evaluate(model: SuccessClassifier, data: LabelledFrames, verdict_every: int = 8) -> dict:
+def evaluate(model: SuccessClassifier, data: LabelledFrames, verdict_every: int = 8, success_chunks: int = 1) -> dict:
     probabilities = predict(model, data)
     labels = data.success.cpu().numpy()
     return {
@@ -75,7 +82,7 @@ def evaluate(model: SuccessClassifier, data: LabelledFrames, verdict_every: int 
         "auroc": auroc(probabilities, labels),
         "at_threshold": at_threshold(probabilities, labels, model.threshold),
         "suggested_threshold": suggest_thresholds(probabilities, labels),
-        "episodes": episode_summary(probabilities, data, model.threshold, verdict_every),
+        "episodes": episode_summary(probabilities, data, model.threshold, verdict_every, success_chunks),
     }
 
 
@@ -97,13 +104,15 @@ def train_classifier(
     also_evaluate: dict[str, LabelledFrames] | None = None,
     threshold_on: str = "held_out",
     verdict_every: int = 8,
+    success_chunks: int = 1,
 ) -> dict:
     """Train, checkpoint, evaluate and save; returns the metrics written to ``out/metrics.json``
     (with one entry per ``also_evaluate`` set, e.g. held-out frames replayed in a world model).
     With reward.training.threshold_from other than 'fixed', the saved threshold is chosen on the frames
     named ``threshold_on`` ('held_out' or a key of ``also_evaluate``). ``verdict_every``: the chunk
     size of the environments the judge will end episodes in (one verdict per chunk), for the
-    episode-level metrics and 'episode_kappa', whose standard-error rules reward.calibrate sets. ``reward``: the
+    episode-level metrics and 'episode_kappa', whose standard-error rules reward.calibrate sets; ``success_chunks``: the
+    consecutive verdicts that make an episode a success there (rl.success_chunks). ``reward``: the
     classifier to build (reward.classifier), how to train it (reward.training) and to choose its threshold."""
     from tqdm import tqdm
 
@@ -166,22 +175,22 @@ def train_classifier(
 
     model.eval()
     chosen_on = choose_threshold(model, config.threshold_from, (also_evaluate or {}).get(threshold_on, held_out), threshold_on, verdict_every,
-                                 reward.calibrate.threshold_tolerance_se, reward.calibrate.threshold_significance_se)  # fmt: skip
+                                 reward.calibrate.threshold_tolerance_se, reward.calibrate.threshold_significance_se, success_chunks)  # fmt: skip
     model.save_pretrained(out / MODEL_SUBFOLDER)
     metrics = {
         "steps": step,
         "threshold": model.threshold,
         "threshold_chosen_on": chosen_on,
-        "train": evaluate(model, train, verdict_every),
-        "held_out": evaluate(model, held_out, verdict_every) if held_out is not None and len(held_out) else None,
-        **{name: evaluate(model, frames, verdict_every) for name, frames in (also_evaluate or {}).items()},
+        "train": evaluate(model, train, verdict_every, success_chunks),
+        "held_out": evaluate(model, held_out, verdict_every, success_chunks) if held_out is not None and len(held_out) else None,
+        **{name: evaluate(model, frames, verdict_every, success_chunks) for name, frames in (also_evaluate or {}).items()},
     }
     atomic_write_json(out / "metrics.json", metrics)
     return distributed.broadcast_object(metrics)
 
 
 def choose_threshold(model: SuccessClassifier, rule: str, data: LabelledFrames | None, name: str, verdict_every: int = 8,
-                     tolerance_se: float = 0.0, significance_se: float = 0.0) -> str:  # fmt: skip
+                     tolerance_se: float = 0.0, significance_se: float = 0.0, success_chunks: int = 1) -> str:  # fmt: skip
     """Set ``model.threshold`` by ``rule`` on ``data`` (called ``name``): 'max_f1' or 'youden' over its
     frames, 'episode_kappa' over its episodes judged once per ``verdict_every`` frames (the highest
     threshold within ``tolerance_se`` standard errors of the best kappa, among those more than
@@ -191,14 +200,15 @@ def choose_threshold(model: SuccessClassifier, rule: str, data: LabelledFrames |
         return "fixed"
     labels = data.success.cpu().numpy() if data is not None and len(data) else np.zeros(0, bool)
     if rule == "episode_kappa" and len(labels):
-        scores, success, task = episode_scores(predict(model, data), data, verdict_every)
+        scores, success, task = episode_scores(predict(model, data), data, verdict_every, success_chunks)
         threshold = max_kappa_threshold(scores, success, task, tolerance_se, significance_se)
         if threshold is None:
             print(f"train-reward: threshold_from={rule} needs episodes that succeed and episodes that fail in '{name}', and a "
                   f"threshold whose kappa is more than {significance_se:g} SE above 0; keeping threshold {model.threshold}")  # fmt: skip
             return "fixed"
         model.threshold = threshold
-        return f"{rule} on {name} ({len(scores)} episodes, a verdict every {verdict_every} frames, the highest within {tolerance_se:g} SE of the best)"
+        streak = f", a success after {success_chunks} in a row" if success_chunks > 1 else ""
+        return f"{rule} on {name} ({len(scores)} episodes, a verdict every {verdict_every} frames{streak}, the highest within {tolerance_se:g} SE of the best)"
     if not labels.any() or labels.all():
         print(f"train-reward: threshold_from={rule} needs success and failure frames in '{name}'; keeping threshold {model.threshold}")
         return "fixed"
