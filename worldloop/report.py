@@ -73,6 +73,10 @@ def render_markdown(run: Path, results: dict[str, Any], plots: list[str]) -> str
     lines += small_run_note(results)
     if results.get("gate"):
         from worldloop.diagnostics.gate import gate_table
+        from worldloop.diagnostics.gate_in_sample import gate_table as in_sample_gate_table
+
+        if "rule" not in results["gate"]:  # a run of before 2026-12-06
+            gate_table = in_sample_gate_table
 
         lines += ["## Fidelity gate: does imagination agree with the simulator, task by task?", "", gate_table(results["gate"]), ""]
     for why in dict.fromkeys(results.get("skipped_stages", {}).values()):
