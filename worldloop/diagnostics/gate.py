@@ -28,7 +28,7 @@ import numpy as np
 
 from worldloop.rewards.metrics import auroc, max_kappa_threshold, streak_scores as episode_scores
 from worldloop.utils.io import atomic_write_json, atomic_write_text, read_json
-from worldloop.utils.stats import agreement_beyond_chance, format_kappa
+from worldloop.utils.stats import agreement_beyond_chance, format_kappa, rate_with_stderr
 
 CALIBRATION, EVALUATION = "calibration", "evaluation"
 RESAMPLES = 2000
@@ -132,12 +132,6 @@ def choose_thresholds(scores: np.ndarray, real: np.ndarray, tasks: np.ndarray, r
     return float(threshold), own, how
 
 
-def _rate(values: np.ndarray) -> tuple[float, float]:
-    n = len(values)
-    mean = float(values.mean()) if n else float("nan")
-    return mean, float(np.sqrt(mean * (1 - mean) / n)) if n else float("nan")
-
-
 def gate_verdicts(episodes: GateEpisodes, rule: GateRule, fallback_threshold: float, seed: int = 0) -> dict[str, Any]:
     """The gate's result: thresholds chosen on the calibration half, every task measured on the evaluation half, and
     whether it passes and why not. ``fallback_threshold``: the judge's own threshold."""
@@ -169,7 +163,7 @@ def gate_verdicts(episodes: GateEpisodes, rule: GateRule, fallback_threshold: fl
             passed, why = False, f"its 95 % interval's lower bound {interval[0] if interval else float('nan'):.2f} is not above {rule.min_lower:g}"
         else:
             passed, why = True, ""
-        (real_rate, real_se), (judged_rate, judged_se) = _rate(r), _rate(j)
+        (real_rate, real_se), (judged_rate, judged_se) = rate_with_stderr(r.tolist()), rate_with_stderr(j.tolist())
         rows[task] = {"calibration_episodes": int((calibrating & (tasks == task)).sum()), "episodes": int(mine.sum()),
                       "real": real_rate, "real_stderr": real_se, "judged": judged_rate, "judged_stderr": judged_se,
                       "kappa": kappa, "kappa_stderr": stderr, "kappa_interval": interval, "auroc": auroc(replay[mine], r),
