@@ -100,8 +100,20 @@ def test_random_reconstructed_swaps_a_share_of_frames_reproducibly():
         tiny_config("sft.augment_codec=-0.1")
 
 
+class _BrightnessPolicy(torch.nn.Module):
+    """Greedy tokens that follow each frame's mean pixel (bin = mean // 16), so how many change under
+    other frames, and by how many bins, is known without a trained network."""
+
+    device = torch.device("cpu")
+
+    def forward(self, frames, instructions):
+        bins = frames.float().mean(dim=(1, 2, 3)).div(16).long()
+        return torch.nn.functional.one_hot(bins, 256).float()[:, None, :].expand(-1, 4, -1), None
+
+
 def test_codec_token_agreement_is_one_only_where_the_frames_are_kept(tmp_path):
     config = tiny_config("sft.steps=2")
+    torch.manual_seed(0)
     policy = CompactVLA(config.policy, 4, IMAGE, ActionTokenizer.fit(torch.randn(64, 4), [1.0, 99.0], 256))
     policy.add_instructions([OPEN, CLOSE])
     samples = build_samples(synthetic_episodes(2, length=8), 8, [OPEN, CLOSE])
@@ -109,11 +121,16 @@ def test_codec_token_agreement_is_one_only_where_the_frames_are_kept(tmp_path):
     kept = Samples(samples.frames, samples.chunks, samples.instruction_ids, samples.instructions, samples.frames.clone())
     assert held_out_metrics(policy, kept, tokens, 4) | {"loss": 0, "token_accuracy": 0} == {
         "loss": 0, "token_accuracy": 0, "codec_token_agreement": 1.0, "codec_token_distance": 0.0}
-    noise = torch.randint(0, 256, samples.frames.shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
-    changed = Samples(samples.frames, samples.chunks, samples.instruction_ids, samples.instructions, noise)
-    metrics = held_out_metrics(policy, changed, tokens, 4)
-    assert metrics["codec_token_agreement"] < 1.0 and metrics["codec_token_distance"] > 0  # an untrained policy: most tokens alike anyway
     assert "codec_token_agreement" not in held_out_metrics(policy, samples, tokens, 4)
+    # frames whose brightness moves by 0, 1 or 3 bins: agreement and distance as counted by hand
+    shift = torch.tensor([0, 16, 48] * (len(samples) // 3) + [0] * (len(samples) % 3), dtype=torch.int16)
+    frames = torch.full_like(samples.frames, 64)
+    moved = (frames.to(torch.int16) + shift.view(-1, 1, 1, 1)).to(torch.uint8)
+    changed = Samples(frames, samples.chunks, samples.instruction_ids, samples.instructions, moved)
+    metrics = held_out_metrics(_BrightnessPolicy(), changed, torch.zeros(len(samples), 4, dtype=torch.long), 4)
+    assert metrics["codec_token_agreement"] == pytest.approx(float((shift == 0).float().mean()))
+    assert metrics["codec_token_distance"] == pytest.approx(float(shift.float().div(16).mean()))
+    assert metrics["codec_token_agreement"] < 1.0
 
 
 def test_sft_through_a_world_models_vae(tmp_path):

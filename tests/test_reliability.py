@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -255,6 +256,97 @@ def test_a_held_lock_a_full_disk_and_a_read_only_folder_give_one_line(tiny_datas
     finally:
         os.environ.pop("WORLDLOOP_DEBUG", None)
         locked.chmod(0o755)
+
+
+@pytest.fixture(scope="module")
+def sft_policy(tiny_dataset, tmp_path_factory) -> Path:
+    """A finished 6-step `worldloop sft` run of the tiny dataset (it keeps the checkpoints of steps 4 and 6)."""
+    out = tmp_path_factory.mktemp("sft") / "policy"
+    assert main(["sft", "--dataset", str(tiny_dataset), "--out", str(out), "--episodes-per-task", "1", *SFT]) == 0
+    return out
+
+
+def test_a_damaged_newest_checkpoint_is_named_and_the_one_before_it_resumed(sft_policy, tiny_dataset, tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    out = shutil.copytree(sft_policy, tmp_path / "run")
+    record = json.loads((out / "run.json").read_text())
+    (out / "run.json").write_text(json.dumps(record | {"finished": None}))  # as if killed after its last checkpoint
+    newest, previous = out / "checkpoints" / "step_000000006", out / "checkpoints" / "step_000000004"
+    (newest / "state.pt").write_bytes((newest / "state.pt").read_bytes()[:1000])  # truncated
+    argv = ["sft", "--dataset", str(tiny_dataset), "--out", str(out), "--episodes-per-task", "1", *SFT]
+    capsys.readouterr()
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert f"sft: warning: checkpoint file {newest / 'state.pt'} cannot be read" in printed
+    assert f"sft: resuming from {previous} at step 4" in printed
+    resumed, uninterrupted = weights(out), weights(sft_policy)  # steps 5-6 again: the same policy
+    assert resumed.keys() == uninterrupted.keys() and all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
+
+    # every checkpoint damaged (the one before holds NaN weights): one line naming both, nothing resumed
+    (out / "run.json").write_text(json.dumps(record | {"finished": None}))
+    (newest / "state.pt").write_bytes((newest / "state.pt").read_bytes()[:1000])
+    tensors = load_file(previous / "model.safetensors")
+    name = next(k for k, v in tensors.items() if v.is_floating_point())
+    save_file(tensors | {name: torch.full_like(tensors[name], float("nan"))}, previous / "model.safetensors")
+    assert main(argv) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and f"no checkpoint of {out} can be read" in error and "--overwrite" in error
+    assert f"{newest / 'state.pt'} cannot be read" in error and f"{previous / 'model.safetensors'} holds weights that are not finite" in error
+
+
+def test_weights_that_are_not_finite_are_refused_on_load_naming_the_file(sft_policy, tmp_path, capsys):
+    """A model file with a valid header and NaN data: the verb stops before it acts, in one line, and leaves no folder."""
+    from safetensors.torch import save_file
+
+    policy = shutil.copytree(sft_policy, tmp_path / "policy", ignore=shutil.ignore_patterns("checkpoints"))
+    tensors = load_file(policy / "model.safetensors")
+    name = next(k for k, v in tensors.items() if v.is_floating_point() and v.numel() > 1)
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[0] = float("inf")
+    save_file(tensors, policy / "model.safetensors")
+    capsys.readouterr()
+    assert main(["eval", "--policy", str(policy), "--out", str(tmp_path / "eval"), "--episodes-per-task", "1", *TINY_OVERRIDES]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error == (f"worldloop eval: error: {policy / 'model.safetensors'} holds weights that are not finite (1 of {tensors[name].numel()} "
+                     f"values of '{name}' are NaN or infinite); the file is damaged or its training diverged: train it again or restore the file")  # fmt: skip
+    assert not (tmp_path / "eval").exists()
+
+
+def test_train_wm_refuses_frames_its_vae_was_not_trained_on(squares, tiny_dataset, tmp_path, capsys):
+    from _worldmodel_fixtures import tiny_vae
+
+    vae = tmp_path / "vae"
+    tiny_vae().save_pretrained(str(vae), safe_serialization=True)
+    (vae / "metrics.json").write_text(json.dumps({"image_size": 64}))  # as train-vae records the frames it learned
+    out = tmp_path / "wm"
+    capsys.readouterr()
+    assert main(["train-wm", "--dataset", str(squares), "--vae", str(vae), "--out", str(out), "--preset", "micro", "world_model.steps=1"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith(f"worldloop train-wm: error: the VAE {vae} was trained on 64x64 frames, {squares} holds 32x32: train a VAE on these")
+    assert len(error.splitlines()) == 1 and not out.exists()
+    # datasets of two frame sizes (the squares 32 px, the tiny collection 64 px): a world model learns one
+    assert main(["train-wm", "--dataset", str(squares), str(tiny_dataset), "--vae", str(vae), "--out", str(out), "--preset", "micro"]) == 2
+    assert f"{squares}: 32px, {tiny_dataset}: 64px" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_verb_failed_on_a_missing_input_leaves_nothing_and_runs_once_the_input_exists(sft_policy, tmp_path, monkeypatch, capsys):
+    from worldloop.config import load_config
+    from worldloop.utils.runfolder import RunSpec, run_settings
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["eval", "--policy", "pol", "--out", "ev", "--episodes-per-task", "1", *TINY_OVERRIDES]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == "worldloop eval: error: model folder pol does not exist" and not Path("ev").exists()
+    shutil.copytree(sft_policy, "pol", ignore=shutil.ignore_patterns("checkpoints"))
+    assert main(argv) == 0
+    assert json.loads(Path("ev/run.json").read_text())["settings"]["options"]["policy"] == str(tmp_path / "pol")
+    # input paths are recorded absolute whether they exist or not; the scripted experts and KIND:PATH judges as given
+    options = {"policy": "missing", "judge": "topreward:qwen", "dataset": ["a", "b"], "suite": "libero_spatial", "against": None}
+    recorded = run_settings(RunSpec(()), load_config("micro"), options)["options"]
+    assert recorded == {"policy": str(tmp_path / "missing"), "judge": "topreward:qwen", "dataset": [str(tmp_path / "a"), str(tmp_path / "b")],
+                        "suite": "libero_spatial", "against": None}  # fmt: skip
+    assert run_settings(RunSpec(()), load_config("micro"), {"policy": "expert"})["options"] == {"policy": "expert"}
 
 
 def test_files_are_written_with_the_users_umask(tiny_dataset, tmp_path):

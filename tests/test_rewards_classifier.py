@@ -80,15 +80,21 @@ def test_episode_threshold_judges_episodes_the_way_rl_does():
     assert chosen == pytest.approx([0.6, 0.6, 0.7, 0.8])
 
 
-def test_episodes_ending_at_first_success_have_no_positive_frame(tmp_path):
+def test_no_success_frame_to_train_on_is_named_with_what_was_found(tmp_path):
     from worldloop.rewards.train import train_classifier
 
     frames = np.zeros((4, 8, 8, 3), dtype=np.uint8)
     episode = FakeEpisode(frames, np.array([0, 0, 0, 1], dtype=bool), TASKS[0], 0, 0)  # ends at its first success
     data = labelled_frames([episode], list(TASKS))
     assert not data.success.any()
-    with pytest.raises(ValueError, match="success_hold_steps"):
+    with pytest.raises(ValueError, match="none of the 1 episodes has a success-labelled frame: .*success_hold_steps > 0"):
         train_classifier(data, None, RewardConfig(training=ClassifierTrainingConfig(steps=1)), tmp_path, torch.device("cpu"))
+    # successes only among the held-out episodes: the message says so, and how many there are
+    held = FakeEpisode(frames, np.array([0, 0, 1, 1], dtype=bool), TASKS[0], 1, 0)
+    with pytest.raises(ValueError, match=r"the 1 training episodes hold no success-labelled frame; the only 1 successful episode\(s\) "
+                                         r"\(1 success frames\) are among the 2 held out .*too few successful episodes"):  # fmt: skip
+        train_classifier(data, labelled_frames([episode, held], list(TASKS)), RewardConfig(training=ClassifierTrainingConfig(steps=1)),
+                         tmp_path, torch.device("cpu"))  # fmt: skip
     with pytest.raises(ValueError, match="threshold_from"):
         ClassifierTrainingConfig(threshold_from="median").validate()
 

@@ -171,6 +171,14 @@ def test_agreement_beyond_chance_by_hand():
         agreement_beyond_chance([1, 0], [1], ["a", "a"])
 
 
+def test_a_kappa_that_rounds_to_zero_prints_without_a_sign():
+    from worldloop.utils.stats import fixed, format_kappa
+
+    assert format_kappa(-0.001, 0.0612) == "0.00 ± 0.06" and format_kappa(-0.02, 0.09) == "-0.02 ± 0.09"
+    assert [fixed(v) for v in (-0.004, -0.005001, 0.0, -0.0, 1.0)] == ["0.00", "-0.01", "0.00", "0.00", "1.00"]
+    assert fixed(-0.0004, 3) == "0.000" and fixed(-12.5, 1) == "-12.5"
+
+
 def test_paired_difference_by_hand():
     """Changes 0,0,+1,+1,0,-1,0,0,0,0: mean 0.1, sample variance 2.9 / 9, SE sqrt(2.9 / 90); 2 gained, 1 lost."""
     from worldloop.utils.stats import format_paired, paired_difference

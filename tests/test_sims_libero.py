@@ -110,6 +110,8 @@ def test_reset_starts_from_the_fixed_initial_state_of_the_seed(spatial_env):
     first = env.reset([0], [3]).state
     assert torch.equal(env.reset([0], [53]).state, first)  # seed % 50: the same initial state, the same settled scene
     assert not torch.equal(env.reset([0], [4]).state, first)
+    env.step(torch.full((1, env.chunk_size, env.action_dim), 0.5))  # an episode's commands do not carry into the next one
+    assert torch.equal(env.reset([0], [3]).state, first)
     worker = env._local
     bowl = worker.episodes[0].observation["akita_black_bowl_1_pos"]
     # the bowl stands on the table (objects start ~7 cm above it and settle in the 10 no-op steps)

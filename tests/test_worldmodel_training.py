@@ -138,6 +138,11 @@ def test_train_vae_writes_a_loadable_folder_and_metrics(tmp_path):
     assert [p["step"] for p in saved["held_out_curve"]] == [1, 2] and all(0 < p["psnr"] < 100 for p in saved["held_out_curve"])
     loaded = vae_lib.load_vae(tmp_path / "vae")
     assert len(loaded.config.latents_mean) == loaded.config.z_dim == metrics["latent_channels"]
+    assert saved["image_size"] == 32  # the frames it learned, which train-wm checks its data against
+    from worldloop.commands.train_vae import describe
+
+    line = describe(saved)
+    assert line.startswith("2 steps, ") and f"PSNR {saved['held_out']['psnr']:.2f} dB" in line and f"on {saved['held_out']['clips']} held-out clips" in line
     with pytest.raises(FileNotFoundError):
         vae_lib.load_vae(tmp_path / "missing")
 
@@ -252,6 +257,13 @@ def test_evaluate_writes_metrics_and_strips(vae, tmp_path):
     assert sum(e["psnr"]["8"] for e in per_episode) / 2 == pytest.approx(row["psnr"], rel=1e-5)
     assert sum(e["copy_last_frame_psnr"]["8"] for e in per_episode) / 2 == pytest.approx(row["copy_last_frame_psnr"], rel=1e-5)
     assert sum(e["psnr_other_actions"]["8"] for e in per_episode) / 2 == pytest.approx(row["psnr_other_actions"], rel=1e-5)
+    from worldloop.worldmodel.evaluate import describe
+
+    lines = describe(metrics)  # what eval-wm prints: each horizon beside copy-last-frame, the skipped, the speed
+    margin = row["psnr"] - row["copy_last_frame_psnr"]
+    assert lines[0] == (f"8 frames: PSNR {row['psnr']:.2f} dB, copy-last-frame {row['copy_last_frame_psnr']:.2f} (margin {margin:+.2f} ± "
+                        f"{row['psnr_margin_stderr']:.2f}); SSIM {row['ssim']:.3f} vs {row['copy_last_frame_ssim']:.3f} (n=2 episodes)")  # fmt: skip
+    assert lines[2] == "horizons [64] skipped: longer than every held-out episode" and len(lines) == 4
     # paired against itself: no change, at every horizon, over both episodes
     same = paired_change(metrics, metrics, "action_delta_psnr")
     assert sorted(same) == ["16", "8"] and same["8"] == {"change": 0.0, "stderr": 0.0, "episodes": 2}

@@ -63,8 +63,11 @@ def run(args: argparse.Namespace, config: Config) -> int:
         if not isinstance(before, dict) or before.get("seeds") != seeds:
             raise ValueError(f"--against {args.against} did not start from the initial states this evaluation will: evaluate with "
                              "the same tasks and episodes per task")  # fmt: skip
-    save_config(config, args.out)
     policy = load_policy(args.policy, resolve_device(config.device))
+    save_config(config, args.out)
+    tasks = resolve_tasks(config.sim)
+    print(f"eval: {config.eval.episodes_per_task} episodes of each of {len(tasks)} tasks, {min(config.eval.num_envs, config.eval.episodes_per_task * len(tasks))} "
+          f"at once, in the simulator ({config.sim.backend}); results into {args.out}", flush=True)  # fmt: skip
     results = evaluate_policy(policy, config, out=args.out, world_model=args.world_model, temperature=args.temperature)
     print(results_table(results), end="")
     if before is not None:

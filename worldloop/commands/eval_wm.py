@@ -33,11 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
-    import json
-
     from worldloop.commands.shared import load_world_model
     from worldloop.utils.device import resolve_device
-    from worldloop.worldmodel.evaluate import evaluate_world_model
+    from worldloop.worldmodel.evaluate import describe, evaluate_world_model
     from worldloop.worldmodel.train import load_split
 
     save_config(config, args.out)
@@ -46,5 +44,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     model = load_world_model(args.world_model, config, args.overrides, resolve_device(config.device))
     metrics = evaluate_world_model(model, held_out[: wm_config.eval_episodes], wm_config.eval_horizons, args.out, fps=int(dataset.fps), seed=config.seed,
                                    sim_config=config.sim if args.counterfactual else None)
-    print(json.dumps(metrics, indent=2))
+    for line in describe(metrics):
+        print(f"eval-wm: {line}")
+    print(f"eval-wm: metrics (per task and episode too) in {args.out}/metrics.json, real|generated mp4s and strips beside it")
     return 0

@@ -47,10 +47,11 @@ def run(args: argparse.Namespace, config: Config) -> int:
     if not distributed.is_main():
         return 0
     codec = results.get("held_out_codec_token_agreement")
+    held_out = ("no held-out episodes" if results["held_out_loss"] is None else
+                f"held-out loss {results['held_out_loss']:.3f}, held-out token accuracy {results['held_out_token_accuracy']:.3f}")  # fmt: skip
     print(
         f"sft: {results['steps']} steps on {results['train_samples']} samples in {results['seconds']:.0f} s; "
-        f"train loss {results['final_train_loss']:.3f}, held-out loss {results['held_out_loss']}, "
-        f"held-out token accuracy {results['held_out_token_accuracy']}"
+        f"train loss {results['final_train_loss']:.3f}, {held_out}"
         + (f", tokens kept through the world model's VAE {codec:.3f} ({results['held_out_codec_token_distance']:.2f} bins apart on average)" if codec is not None else "")
         + f"; model in {args.out}"
     )

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from worldloop.commands.shared import load_world_model
     from worldloop.config import save_config
     from worldloop.data.dataset import TrajectoryDataset, split_episodes
-    from worldloop.rewards.labels import LabelledFrames, labelled_frames
+    from worldloop.rewards.labels import LabelledFrames, labelled_frames, require_success_frames
     from worldloop.rewards.train import HELD_OUT_FRACTION, train_classifier
     from worldloop.utils import distributed
     from worldloop.utils.device import resolve_device
@@ -51,6 +51,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
         parts = [list(part) for part in parts]
     train = labelled_frames(parts[0], instructions)
     held_out = labelled_frames(parts[1], instructions) if held_out_ids else None
+    require_success_frames(train, held_out)  # before the world model's replays: they carry the same labels
     also_evaluate = {}
     if args.world_model:
         from worldloop.rewards.agreement import imagined_episodes

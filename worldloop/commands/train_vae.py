@@ -23,8 +23,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
-    import json
-
     from worldloop.utils import distributed
     from worldloop.utils.device import resolve_device
     from worldloop.worldmodel.train import load_split, train_vae
@@ -34,5 +32,18 @@ def run(args: argparse.Namespace, config: Config) -> int:
     train, held_out, _ = load_split(args.dataset, config.seed)
     metrics = train_vae(config.vae, train, held_out, args.out, resolve_device(config.device), config.seed)
     if distributed.is_main():
-        print(json.dumps(metrics, indent=2))
+        print(f"train-vae: {describe(metrics)}; VAE in {args.out}, metrics in {args.out}/metrics.json")
     return 0
+
+
+def describe(metrics: dict) -> str:
+    """One line on train_vae's metrics: the training done and the reconstruction of held-out clips."""
+    held = metrics.get("held_out") or {}
+    speed = f" ({metrics['clips_per_s']:.1f} clips/s)" if metrics.get("clips_per_s") else ""
+    trained = (f"{metrics['steps']} steps, {metrics['train_seconds_this_run']:.0f} s this run{speed}, "
+               f"{metrics['parameters_millions']:.1f} M parameters") if metrics["steps"] else "vae.pretrained loaded, no training"  # fmt: skip
+    if not held:
+        return trained
+    where = "training clips (the dataset has too few episodes to hold any out)" if metrics.get("held_out_is_train") else "held-out clips"
+    return (f"{trained}; PSNR {held['psnr']:.2f} dB ({held['psnr_moving']:.2f} on moving pixels), SSIM {held['ssim']:.3f} "
+            f"on {held['clips']} {where}")

@@ -25,24 +25,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
-    import json
     from pathlib import Path
 
     from worldloop.utils import distributed
     from worldloop.utils.device import resolve_device
+    from worldloop.utils.io import read_json
     from worldloop.worldmodel.train import load_split, steps_trained, train_world_model
     from worldloop.worldmodel.rollout import WorldModel
-    from worldloop.worldmodel.vae import load_vae
+    from worldloop.worldmodel.vae import check_frames, load_vae
 
-    if distributed.is_main():
-        save_config(config, args.out)
-    train = [episode for folder in args.dataset for episode in load_split(folder, config.seed)[0]]
+    splits = [load_split(folder, config.seed) for folder in args.dataset]
+    sizes = {folder: int(dataset.image_size) for folder, (_, _, dataset) in zip(args.dataset, splits)}
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"the --dataset folders hold frames of different sizes ({', '.join(f'{f}: {s}px' for f, s in sizes.items())}); "
+                         "a world model learns one")  # fmt: skip
+    image_size = next(iter(sizes.values()))
     vae = load_vae(args.vae)
-    key = {"dataset": [str(Path(folder).resolve()) for folder in args.dataset], "vae": str(Path(args.vae).resolve()), "init": args.init}
+    check_frames(args.vae, vae, image_size, args.dataset[0])
     device = resolve_device(config.device)
     init = WorldModel.from_pretrained(args.init, device) if args.init else None
+    if init is not None and int(init.image_size) != image_size:
+        raise ValueError(f"--init {args.init} imagines {init.image_size}x{init.image_size} frames, the --dataset holds {image_size}x{image_size}")
+    if distributed.is_main():
+        save_config(config, args.out)
+    train = [episode for train, _, _ in splits for episode in train]
+    key = {"dataset": [str(Path(folder).resolve()) for folder in args.dataset], "vae": str(Path(args.vae).resolve()), "init": args.init}
     steps_before = steps_trained(args.init) if args.init else 0
     train_world_model(config.world_model, train, vae, args.out, device, config.seed, cache_key=key, init=init, steps_before=steps_before)
     if distributed.is_main():
-        print(json.dumps(json.loads((Path(args.out) / "results.json").read_text()), indent=2))
+        r = read_json(Path(args.out) / "results.json")
+        total = f" ({r['steps_total']} in all)" if r.get("steps_total", r["steps"]) != r["steps"] else ""
+        speed = f", {r['clips_per_s']:.1f} clips/s" if r.get("clips_per_s") else ""
+        loss = "" if r.get("final_loss") is None else f", final loss {r['final_loss']:.4f}"
+        print(f"train-wm: {r['steps']} steps{total} on {r['clips']} clips in {r['train_seconds_this_run']:.0f} s{speed}, "
+              f"{r['parameters_millions']:.1f} M parameters{loss}; world model in {args.out}, "
+              f"results in {args.out}/results.json (eval-wm measures it)")  # fmt: skip
     return 0

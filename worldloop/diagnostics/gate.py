@@ -28,7 +28,7 @@ import numpy as np
 
 from worldloop.rewards.metrics import auroc, max_kappa_threshold, streak_scores as episode_scores
 from worldloop.utils.io import atomic_write_json, atomic_write_text, read_json
-from worldloop.utils.stats import agreement_beyond_chance, format_kappa, rate_with_stderr
+from worldloop.utils.stats import agreement_beyond_chance, fixed, format_kappa, rate_with_stderr
 
 CALIBRATION, EVALUATION = "calibration", "evaluation"
 RESAMPLES = 2000
@@ -153,21 +153,22 @@ def gate_verdicts(episodes: GateEpisodes, rule: GateRule, fallback_threshold: fl
         else:
             interval = bootstrap_kappa(r, j, seed=seed)
         on_frames = agreement_beyond_chance(r, judged_frames[mine], [task] * int(mine.sum()))["kappa"] if kappa is not None else None
-        if rule.min_kappa is None:
-            passed, why = True, "the gate is not enforced (loop.gate_min_kappa: null)"
-        elif kappa is None:
-            passed, why = False, f"kappa undefined: all {int(mine.sum())} evaluation episodes {'succeeded' if r.all() else 'failed'}"
-        elif kappa < rule.min_kappa:
-            passed, why = False, f"kappa {format_kappa(kappa, stderr)} is below {rule.min_kappa:g}"
+        bar = bar_kappa(rule)  # not enforced: measured against the default bar all the same, and every task passes
+        if kappa is None:
+            meets, why = False, f"kappa undefined: all {int(mine.sum())} evaluation episodes {'succeeded' if r.all() else 'failed'}"
+        elif kappa < bar:
+            meets, why = False, f"kappa {format_kappa(kappa, stderr)} is below {bar:g}"
         elif interval is None or interval[0] <= rule.min_lower:
-            passed, why = False, f"its 95 % interval's lower bound {interval[0] if interval else float('nan'):.2f} is not above {rule.min_lower:g}"
+            meets, why = False, f"its 95 % interval's lower bound {interval[0] if interval else float('nan'):.2f} is not above {rule.min_lower:g}"
         else:
-            passed, why = True, ""
+            meets, why = True, ""
+        passed = meets or rule.min_kappa is None
         (real_rate, real_se), (judged_rate, judged_se) = rate_with_stderr(r.tolist()), rate_with_stderr(j.tolist())
         rows[task] = {"calibration_episodes": int((calibrating & (tasks == task)).sum()), "episodes": int(mine.sum()),
                       "real": real_rate, "real_stderr": real_se, "judged": judged_rate, "judged_stderr": judged_se,
                       "kappa": kappa, "kappa_stderr": stderr, "kappa_interval": interval, "auroc": auroc(replay[mine], r),
-                      "kappa_on_real_frames": on_frames, "threshold": own.get(task, threshold), "passed": passed, "why_not": why}  # fmt: skip
+                      "kappa_on_real_frames": on_frames, "threshold": own.get(task, threshold), "meets_bar": meets, "passed": passed,
+                      "why_not": why}  # fmt: skip
     overall = agreement_beyond_chance(real[evaluating], judged[evaluating], tasks[evaluating].tolist())
     on_frames = agreement_beyond_chance(real[evaluating], judged_frames[evaluating], tasks[evaluating].tolist())
     return {"rule": asdict(rule), "threshold": threshold, "task_thresholds": own, "threshold_chosen_by": how,
@@ -189,21 +190,29 @@ def compare_rules(episodes: GateEpisodes, rule: GateRule, fallback_threshold: fl
         result = gate_verdicts(episodes, GateRule(**{**asdict(rule), "success_chunks": chunks, "per_task": per_task}), fallback_threshold)
         compared.append({"success_chunks": chunks, "per_task": per_task, "chosen": (chunks, per_task) == (rule.success_chunks, rule.per_task),
                          "replay_kappa": result["replays"]["kappa"], "replay_kappa_stderr": result["replays"]["kappa_stderr"],
-                         "real_frames_kappa": result["real_frames"]["kappa"], "passed": len(result["passed"]), "threshold": result["threshold"]})  # fmt: skip
+                         "real_frames_kappa": result["real_frames"]["kappa"], "threshold": result["threshold"],
+                         "passed": sum(row["meets_bar"] for row in result["tasks"].values())})  # fmt: skip
     return compared
+
+
+def bar_kappa(rule: GateRule | dict[str, Any]) -> float:
+    """The kappa a task must reach: the rule's, or where the gate is not enforced the default bar it is measured against."""
+    value = rule.min_kappa if isinstance(rule, GateRule) else rule["min_kappa"]
+    return GateRule.min_kappa if value is None else value
 
 
 def _kappa(value: float | None, stderr: float | None = None) -> str:
     if value is None:
         return "undefined"
-    return f"{value:.2f}" if stderr is None else format_kappa(value, stderr)
+    return fixed(value) if stderr is None else format_kappa(value, stderr)
 
 
 def gate_table(gate: dict[str, Any]) -> str:
     """The gate as Markdown: the rule, one row per task (evaluation half), the judge on real frames, the rules compared."""
     rule = gate["rule"]
-    enforced = (f"a task passes at kappa >= {gate['min_kappa']:g} with its 95 % interval's lower bound above {gate['min_lower']:g}"
-                if gate["min_kappa"] is not None else "not enforced: it measures, and RL trains on every task")  # fmt: skip
+    bar = f"kappa >= {bar_kappa(gate):g} with its 95 % interval's lower bound above {gate['min_lower']:g}"
+    enforced = (f"a task passes at {bar}" if gate["min_kappa"] is not None else
+                f"not enforced (loop.gate_min_kappa: null): RL trains on every task, and each is measured against {bar}")  # fmt: skip
     own = f"; each task its own where its calibration episodes choose one ({len(gate['task_thresholds'])} did)" if rule["per_task"] else ""
     episodes = gate["episodes"]
     lines = [f"Fidelity gate ({enforced}). The base policy's real episodes, replayed open loop in the world model and judged: an episode is a "
@@ -212,11 +221,12 @@ def gate_table(gate: dict[str, Any]) -> str:
              "", "| task | episodes | real success | judged on replays | kappa | 95 % interval | AUROC | kappa on real frames | RL trains on it |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
     for task, row in gate["tasks"].items():
-        interval = "-" if row["kappa_interval"] is None else f"[{row['kappa_interval'][0]:.2f}, {row['kappa_interval'][1]:.2f}]"
+        interval = "-" if row["kappa_interval"] is None else f"[{fixed(row['kappa_interval'][0])}, {fixed(row['kappa_interval'][1])}]"
         ranking = "-" if row.get("auroc") is None else f"{row['auroc']:.2f}"
         verdict = "yes" if row["passed"] else f"no: {row['why_not']}"
-        if gate["min_kappa"] is None:
-            verdict = "yes (not enforced)"
+        if gate["min_kappa"] is None:  # a gate.json written before 2026-12-06 has no meets_bar
+            meets = row.get("meets_bar")
+            verdict = "yes, not enforced" + ("" if meets is None else "; it meets the bar" if meets else f"; below the bar: {row['why_not']}")
         lines.append(f"| {task} | {row['episodes']} | {row['real']:.2f} ± {row['real_stderr']:.2f} | {row['judged']:.2f} ± {row['judged_stderr']:.2f} | "
                      f"{_kappa(row['kappa'], row['kappa_stderr'])} | {interval} | {ranking} | {_kappa(row['kappa_on_real_frames'])} | {verdict} |")  # fmt: skip
     frames = gate["real_frames"]
@@ -226,7 +236,7 @@ def gate_table(gate: dict[str, Any]) -> str:
               "'undefined': every evaluation episode of the task alike, where agreement beyond chance means nothing."]  # fmt: skip
     if gate.get("rules_compared"):
         lines += ["", "Episode rules on the same split (calibrated on one half, scored on the other):", "",
-                  "| consecutive verdicts | thresholds | kappa on replays | kappa on real frames | tasks passing |", "| ---: | --- | ---: | ---: | ---: |"]  # fmt: skip
+                  "| consecutive verdicts | thresholds | kappa on replays | kappa on real frames | tasks meeting the bar |", "| ---: | --- | ---: | ---: | ---: |"]  # fmt: skip
         for row in gate["rules_compared"]:
             mark = " (the gate's)" if row["chosen"] else ""
             lines.append(f"| {row['success_chunks']}{mark} | {'per task' if row['per_task'] else 'one for all'} | "

@@ -201,7 +201,7 @@ def fit_policy(
 
     from worldloop.config import save_config
     from worldloop.utils import distributed
-    from worldloop.utils.checkpoint import announce_resume, evaluation_interval, latest_checkpoint, load_checkpoint, save_checkpoint
+    from worldloop.utils.checkpoint import evaluation_interval, resume, save_checkpoint
     from worldloop.utils.device import resolve_device
     from worldloop.utils.io import atomic_write_json
 
@@ -245,12 +245,10 @@ def fit_policy(
     sampler = torch.Generator().manual_seed(config.seed)
     stateful = {"optimizer": optimizer, "scheduler": scheduler, "sampler": sampler}
     start, last_loss = 0, float("nan")
-    resume = latest_checkpoint(out)
-    if resume is not None:
-        start, saved = load_checkpoint(resume, {"model": policy}, stateful)
+    resumed = resume(out, "sft", {"model": policy}, stateful)
+    if resumed is not None:
+        _, start, saved = resumed
         last_loss = saved.get("train_loss", last_loss)
-        if main:
-            announce_resume("sft", resume, start)
     out.mkdir(parents=True, exist_ok=True)
     if main:
         save_config(config, out)

@@ -29,10 +29,31 @@ MAX_FRAMES = 200_000
 """Labelled frames train-reward holds in memory at most."""
 
 NO_POSITIVE_HINT = (
-    "no success-labelled frame: an episode's success flag describes the frame AFTER its action, and "
-    "episodes that end at their first success never store that frame; collect with "
-    "sim.success_hold_steps > 0 (e.g. 10) so that success frames are recorded"
+    "either no episode succeeded (the scripted experts' demonstrations do: worldloop collect --policy expert), or the "
+    "episodes ended at their first success and never stored the frame after it (an episode's success flag describes the "
+    "frame AFTER its action): collect with sim.success_hold_steps > 0 (e.g. 10)"
 )
+
+
+def require_success_frames(train: "LabelledFrames", held_out: "LabelledFrames | None" = None) -> None:
+    """A ValueError saying what is missing and how much was found when ``train`` has no success-labelled frame (or
+    nothing else): too few successful episodes to hold some out, or none at all."""
+    def count(frames: "LabelledFrames | None") -> tuple[int, int, int]:  # (episodes, successful episodes, success frames)
+        if frames is None or not len(frames):
+            return 0, 0, 0
+        return len(frames.episode.unique()), len(frames.episode[frames.success].unique()), int(frames.success.sum())
+
+    (episodes, _, _), (held_episodes, held_successful, held_frames) = count(train), count(held_out)
+    if train.success.all():
+        raise ValueError(f"every one of the {len(train)} training frames is labelled success; failure frames are needed too")
+    if train.success.any():
+        return
+    if held_successful:
+        raise ValueError(f"the {episodes} training episodes hold no success-labelled frame; the only {held_successful} successful "
+                         f"episode(s) ({held_frames} success frames) are among the {held_episodes} held out to measure the judge on: "
+                         "too few successful episodes to train on some and hold out others. Collect more episodes that succeed "
+                         "(a larger --episodes-per-task, or the scripted experts' demonstrations among the --dataset folders)")  # fmt: skip
+    raise ValueError(f"none of the {episodes + held_episodes} episodes has a success-labelled frame: {NO_POSITIVE_HINT}")
 
 
 def frame_labels(episode: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -21,10 +21,10 @@ import torch.nn.functional as F
 from worldloop.rewards.augment import world_model_artefacts
 from worldloop.rewards.classifier import MODEL_SUBFOLDER, SuccessClassifier
 from worldloop.rewards.configuration import RewardConfig
-from worldloop.rewards.labels import NO_POSITIVE_HINT, LabelledFrames
+from worldloop.rewards.labels import LabelledFrames, require_success_frames
 from worldloop.rewards.metrics import at_threshold, auroc, episode_verdict_metrics, max_kappa_threshold, per_episode, streak_scores, suggest_thresholds
 from worldloop.utils import distributed
-from worldloop.utils.checkpoint import announce_resume, evaluation_interval, latest_checkpoint, load_checkpoint, save_checkpoint
+from worldloop.utils.checkpoint import evaluation_interval, resume, save_checkpoint
 from worldloop.utils.device import autocast_dtype
 from worldloop.utils.io import atomic_write_json
 
@@ -117,10 +117,7 @@ def train_classifier(
     from tqdm import tqdm
 
     out = Path(out)
-    if not train.success.any():
-        raise ValueError(f"training frames: {NO_POSITIVE_HINT}")
-    if train.success.all():
-        raise ValueError("training frames: every frame is labelled success; failure frames are needed too")
+    require_success_frames(train, held_out)
     torch.manual_seed(seed)
     config, architecture = reward.training, reward.classifier
     main, mine = distributed.is_main(), distributed.rows(config.batch_size, "reward.training.batch_size")
@@ -132,11 +129,9 @@ def train_classifier(
     # fused: one kernel per step, on the CPU too (unfused, the update of ResNet-18's 11M weights took 40 % of a CPU step)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=WEIGHT_DECAY, fused=True)
     step = 0
-    checkpoint = latest_checkpoint(out)
-    if checkpoint is not None:
-        step, _ = load_checkpoint(checkpoint, {"model": model}, {"optimizer": optimizer})
-        if main:
-            announce_resume("train-reward", checkpoint, step)
+    resumed = resume(out, "train-reward", {"model": model}, {"optimizer": optimizer})
+    if resumed is not None:
+        step = resumed[1]
 
     data = train.to(device)  # uint8 frames live on the device: batches are gathered there
     positives = torch.nonzero(data.success).squeeze(1)

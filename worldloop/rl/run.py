@@ -18,7 +18,7 @@ from worldloop.rl.configuration import RLConfig
 from worldloop.rl.curves import plot_curves
 from worldloop.rl.summary import results_table
 from worldloop.utils import distributed
-from worldloop.utils.checkpoint import announce_resume, latest_checkpoint, load_checkpoint, save_checkpoint
+from worldloop.utils.checkpoint import resume, save_checkpoint
 from worldloop.utils.io import atomic_write_json, atomic_write_text
 
 SHOWN = ("env/success_once", "env/return", "env/episode_len", "rollout/kept_groups", "actor/policy_loss", "actor/approx_kl_before_update",
@@ -47,11 +47,9 @@ class RLRun:
         """Resume from the latest checkpoint, if any. Returns the first iteration to run and whether the run has
         already ended (a run that stopped stays stopped)."""
         start = 0
-        checkpoint = latest_checkpoint(self.out)
-        if checkpoint is not None:
-            start, extra = load_checkpoint(checkpoint, self.modules, self.stateful)
-            if distributed.is_main():
-                announce_resume("rl", checkpoint, start)
+        resumed = resume(self.out, "rl", self.modules, self.stateful)
+        if resumed is not None:
+            _, start, extra = resumed
             self.history = extra["history"]
             if extra.get("refining") and self.refiner is None:  # its refined world model lives in the checkpoint: without it the run would go on in the old one
                 raise ValueError(f"{self.out} refined its world model on the policy's real rollouts (rl.refine_every); resume it with the same rl.refine_* settings")

@@ -91,6 +91,8 @@ class LiberoTask:
     def reset(self, seed: int) -> dict:
         """Start from fixed initial state ``seed % 50`` and let the objects settle."""
         self.env.reset()
+        for robot in self.env.env.robots:  # robosuite keeps the gripper's last command across resets: start from zero, as when built
+            robot.gripper.current_action = np.zeros(robot.gripper.dof)
         observation = self.env.set_init_state(self.init_states[int(seed) % len(self.init_states)])
         for _ in range(SETTLE_STEPS):
             observation, _, _, _ = self.env.step(SETTLE_ACTION)

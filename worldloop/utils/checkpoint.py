@@ -15,7 +15,7 @@ import math
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -91,14 +91,20 @@ def save_checkpoint(
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     """The newest complete checkpoint of a run, or None."""
+    found = complete_checkpoints(run_dir)
+    return found[0] if found else None
+
+
+def complete_checkpoints(run_dir: str | Path) -> list[Path]:
+    """A run's complete checkpoints (those with a ``state.pt``), newest first: the one ``latest`` points at, then the others."""
     root = Path(run_dir) / CHECKPOINTS
+    complete = sorted((p for p in root.glob("step_*") if (p / "state.pt").is_file()), reverse=True)
     pointer = root / "latest"
     if pointer.is_file():
-        candidate = root / pointer.read_text().strip()
-        if (candidate / "state.pt").is_file():
-            return candidate
-    complete = sorted(p for p in root.glob("step_*") if (p / "state.pt").is_file())
-    return complete[-1] if complete else None
+        named = root / pointer.read_text().strip()
+        if named in complete:
+            complete = [named] + [p for p in complete if p != named]
+    return complete
 
 
 def announce_resume(who: str, checkpoint: Path, step: int) -> None:
@@ -106,20 +112,67 @@ def announce_resume(who: str, checkpoint: Path, step: int) -> None:
     print(f"{who}: resuming from {checkpoint} at step {step}", flush=True)
 
 
+class DamagedCheckpoint(ValueError):
+    """A checkpoint file that cannot be read (truncated, overwritten) or holds weights that are not finite."""
+
+
+def resume(
+    run_dir: str | Path,
+    who: str,
+    modules: dict[str, torch.nn.Module],
+    stateful: dict[str, Any] | None = None,
+    check: Callable[[Path, dict[str, Any]], None] | None = None,
+) -> tuple[Path, int, dict[str, Any]] | None:
+    """Restore the newest checkpoint of ``run_dir`` that can be read, announcing it as ``who``; returns
+    (checkpoint, step, extra), or None when the run has none. A damaged checkpoint is named and the one
+    before it used; when every checkpoint is damaged the error names them all. ``check(checkpoint, extra)``
+    may refuse a checkpoint this run cannot go on from (it raises, and nothing is restored)."""
+    damaged = []
+    for checkpoint in complete_checkpoints(run_dir):
+        try:
+            step, extra = load_checkpoint(checkpoint, modules, stateful, check=check)
+        except DamagedCheckpoint as error:
+            damaged.append(str(error))
+            if distributed.is_main():
+                print(f"{who}: warning: {error}; trying the checkpoint before it", flush=True)
+            continue
+        if distributed.is_main():
+            announce_resume(who, checkpoint, step)
+        return checkpoint, step, extra
+    if damaged:
+        raise DamagedCheckpoint(f"no checkpoint of {run_dir} can be read: {'; '.join(damaged)}; "
+                                "rerun with --overwrite to start again, or give a new --out")  # fmt: skip
+    return None
+
+
 def load_checkpoint(
     path: str | Path,
     modules: dict[str, torch.nn.Module],
     stateful: dict[str, Any] | None = None,
     restore_rng: bool = True,
+    check: Callable[[Path, dict[str, Any]], None] | None = None,
 ) -> tuple[int, dict[str, Any]]:
-    """Restore what :func:`save_checkpoint` wrote; returns (step, extra)."""
+    """Restore what :func:`save_checkpoint` wrote; returns (step, extra). A file that cannot be read, or weights
+    that are not finite, raise :class:`DamagedCheckpoint` naming the file before anything is restored;
+    ``check(path, extra)`` runs before anything is restored too."""
     path = Path(path)
-    for name, module in modules.items():
+    try:
+        state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    except Exception as error:  # truncated: RuntimeError (zip reader), EOFError, UnpicklingError
+        raise DamagedCheckpoint(f"checkpoint file {path / 'state.pt'} cannot be read ({str(error)[:120]})") from error
+    if check is not None:
+        check(path, state["extra"])
+    weights = {}
+    for name in modules:
         file = path / f"{name}.safetensors"
         if not file.is_file():
             raise FileNotFoundError(f"checkpoint {path} has no weights for '{name}' ({file.name})")
-        module.load_state_dict(load_file(file, device="cpu"))
-    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+        try:
+            weights[name] = read_finite_weights(file)
+        except ValueError as error:
+            raise DamagedCheckpoint(str(error)) from error
+    for name, module in modules.items():
+        module.load_state_dict(weights[name])
     for name, obj in (stateful or {}).items():
         if name not in state["stateful"]:
             raise KeyError(f"checkpoint {path} has no state for '{name}'")
@@ -131,6 +184,21 @@ def load_checkpoint(
         per_rank = state.get("rng_per_rank", [])
         set_rng_state(per_rank[distributed.rank()] if len(per_rank) == distributed.world_size() else state["rng"])
     return int(state["step"]), state["extra"]
+
+
+def read_finite_weights(file: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors ``file``; a file that cannot be read or holds a NaN or infinite weight is a
+    ValueError naming it (and the first such tensor)."""
+    try:
+        tensors = load_file(file, device="cpu")
+    except Exception as error:  # safetensors raises its own error types
+        raise ValueError(f"{file} cannot be read ({str(error)[:120]}); the file may be truncated or corrupt") from error
+    for key, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise ValueError(f"{file} holds weights that are not finite ({bad} of {tensor.numel()} values of '{key}' are NaN or "
+                             "infinite); the file is damaged or its training diverged: train it again or restore the file")  # fmt: skip
+    return tensors
 
 
 def _untie(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

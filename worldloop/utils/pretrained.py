@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
-from worldloop.utils.checkpoint import _untie
+from worldloop.utils.checkpoint import _untie, read_finite_weights
 from worldloop.utils.io import atomic_dir, atomic_write_json, read_json
 
 CONFIG_NAME = "config.json"
@@ -39,14 +39,11 @@ def read_model_config(folder: str | Path, kind: str | None = None) -> dict[str, 
 
 
 def load_weights(folder: str | Path, module: torch.nn.Module) -> None:
-    """Load ``model.safetensors`` into ``module``, naming missing or mismatched tensors."""
+    """Load ``model.safetensors`` into ``module``, naming missing, mismatched or non-finite tensors."""
     file = Path(folder) / WEIGHTS_NAME
     if not file.is_file():
         raise FileNotFoundError(f"{file} is missing: the model folder has no weights")
-    try:
-        state = load_file(file, device="cpu")
-    except Exception as error:  # safetensors raises its own error types
-        raise ValueError(f"{file} cannot be read ({error}); the file may be truncated or corrupt") from error
+    state = read_finite_weights(file)
     expected = module.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))

@@ -32,6 +32,10 @@ LOCK_NAME = ".writer.lock"
 CONFIG_FILE = "config.yaml"  # the resolved configuration every verb writes (worldloop.config.CONFIG_FILENAME)
 # argparse names that never define a run: where it goes, how it reports, how the CLI behaves
 NOT_DEFINING = frozenset({"out", "preset", "overrides", "verb", "_module", "no_progress", "debug", "overwrite"})
+# argparse names of the options that name input files or folders: recorded absolute whether or not they exist yet,
+# so that a run refused for a missing input is the same run once the input is there
+PATH_OPTIONS = frozenset({"dataset", "policy", "base_policy", "world_model", "init", "vae", "judge", "keyframes", "gate", "against"})
+NOT_A_PATH = re.compile(r"expert|[a-z][a-z0-9-]*:.*")  # the scripted experts, or KIND:PATH (topreward:..., openvla-oft:...)
 
 
 class RunError(RuntimeError):
@@ -122,7 +126,8 @@ def run_settings(spec: RunSpec, config: Any, options: dict[str, Any]) -> dict[st
     that define it (existing paths made absolute), as plain JSON values."""
     recorded = {
         "config": {key: config_value(config, key) for key in spec.settings},
-        "options": {name: _recorded_option(value) for name, value in sorted(options.items()) if name not in NOT_DEFINING | set(spec.not_defining)},
+        "options": {name: _recorded_option(value, name in PATH_OPTIONS) for name, value in sorted(options.items())
+                    if name not in NOT_DEFINING | set(spec.not_defining)},
     }
     return json.loads(json.dumps(recorded, default=str))
 
@@ -149,10 +154,11 @@ def differences(before: dict[str, Any], now: dict[str, Any], retired: Any = None
     ]
 
 
-def _recorded_option(value: Any) -> Any:
+def _recorded_option(value: Any, is_path: bool = False) -> Any:
+    """``value`` as recorded: paths absolute (an option of :data:`PATH_OPTIONS` always, any other when it exists)."""
     if isinstance(value, (list, tuple)):
-        return [_recorded_option(v) for v in value]
-    if isinstance(value, str) and value and os.path.exists(value):
+        return [_recorded_option(v, is_path) for v in value]
+    if isinstance(value, str) and value and (os.path.exists(value) or (is_path and not NOT_A_PATH.fullmatch(value))):
         return os.path.abspath(value)
     return value
 
@@ -184,8 +190,8 @@ def _show(value: Any) -> str:
 class RunClaim:
     """``with RunClaim(out, verb, spec, config, options, overwrite) as claim:`` holds ``out`` for one
     run of ``verb``; ``claim.finished`` says the run there had already ended (nothing to do). Call
-    :meth:`finish` when the verb has succeeded. A claim that leaves the folder with nothing but its
-    own record (the verb failed before writing) removes that record again."""
+    :meth:`finish` when the verb has succeeded. A claim that leaves the folder with nothing but the records
+    of its settings (the verb failed before its work wrote anything) removes them again."""
 
     def __init__(self, out: str | Path, verb: str, spec: RunSpec, config: Any, options: dict[str, Any], overwrite: bool = False,
                  read_config: Any = None, retired: Any = None):  # fmt: skip
@@ -293,10 +299,12 @@ class RunClaim:
         return [p for p in self.out.iterdir() if p.name != LOCK_NAME] if self.out.is_dir() else []
 
     def _tidy(self) -> None:
-        """Leave no trace of a claim whose verb wrote nothing."""
-        if not self._wrote_record or [p.name for p in self._contents()] != [RUN_FILE]:
+        """Leave no trace of a claim whose verb wrote nothing but the records of its settings (run.json, config.yaml):
+        a verb that failed on its input leaves nothing its rerun would have to match."""
+        if not self._wrote_record or not {p.name for p in self._contents()} <= {RUN_FILE, CONFIG_FILE}:
             return
-        (self.out / RUN_FILE).unlink()
+        for name in (RUN_FILE, CONFIG_FILE):
+            (self.out / name).unlink(missing_ok=True)
         if self._created:
             (self.out / LOCK_NAME).unlink(missing_ok=True)
             try:

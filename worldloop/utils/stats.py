@@ -46,9 +46,15 @@ def format_paired(change: dict[str, float | int]) -> str:
     return f"{difference:+.3f} (paired SE {stderr:.3f}, {z}; {change['gained']} gained, {change['lost']} lost)"
 
 
+def fixed(value: float, digits: int = 2) -> str:
+    """``value`` with ``digits`` decimals, never '-0.00': a value that rounds to zero is zero, whichever its sign."""
+    text = f"{value:.{digits}f}"
+    return text[1:] if text.startswith("-") and not text.strip("-0.") else text
+
+
 def format_kappa(kappa: float, stderr: float) -> str:
-    """'-0.02 ± 0.09'."""
-    return f"{kappa:.2f} ± {stderr:.2f}"
+    """'-0.02 ± 0.09' ('0.00 ± 0.06' for a kappa of -0.001)."""
+    return f"{fixed(kappa)} ± {fixed(stderr)}"
 
 
 def kappa_above_chance(kappa: float | None, stderr: float | None, significance_se: float) -> bool:

@@ -297,3 +297,18 @@ def evaluate_world_model(
             Image.fromarray(strip(real[i, :n], generated[i, :n], simulated_other[i, :n], other[i, :n])).save(out / f"episode_{i:02d}_counterfactual.png")
     atomic_write_json(out / "metrics.json", metrics)
     return metrics
+
+
+def describe(metrics: dict[str, Any]) -> list[str]:
+    """A few lines for a reader of :func:`evaluate_world_model`'s metrics: each horizon's PSNR and SSIM beside
+    copy-last-frame's, and the rollout speed."""
+    lines = []
+    for horizon, m in metrics["horizons"].items():
+        margin = m["psnr"] - m["copy_last_frame_psnr"]
+        lines.append(f"{horizon} frames: PSNR {m['psnr']:.2f} dB, copy-last-frame {m['copy_last_frame_psnr']:.2f} "
+                     f"(margin {margin:+.2f} ± {m['psnr_margin_stderr']:.2f}); SSIM {m['ssim']:.3f} vs {m['copy_last_frame_ssim']:.3f} "
+                     f"(n={m['episodes']} episodes)")  # fmt: skip
+    if metrics.get("skipped_horizons"):
+        lines.append(f"horizons {metrics['skipped_horizons']} skipped: longer than every held-out episode")
+    lines.append(f"rollouts at {metrics['rollout_frames_per_second']:.1f} new frames/s ({metrics['num_envs']} episodes at once on {metrics['device']})")
+    return lines

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from worldloop.utils import distributed
-from worldloop.utils.checkpoint import announce_resume, latest_checkpoint, load_checkpoint, save_checkpoint
+from worldloop.utils.checkpoint import resume, save_checkpoint
 from worldloop.utils.io import atomic_path, atomic_write_json, read_json
 from worldloop.worldmodel import vae as vae_lib
 from worldloop.worldmodel.clips import STATIC_FRACTION, episode_clips, predecessors
@@ -234,11 +234,9 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
         store = FrameStore(train_episodes, device)
         stateful = {"optimizer": optimizer, "scheduler": scheduler, "generator": generator}
         step = 0
-        checkpoint = latest_checkpoint(out)
-        if checkpoint is not None:
-            step, extra = load_checkpoint(checkpoint, {"vae": vae}, stateful)
-            if main:
-                announce_resume("train-vae", checkpoint, step)
+        resumed = resume(out, "train-vae", {"vae": vae}, stateful)
+        if resumed is not None:
+            _, step, extra = resumed
             budget.seconds_done = extra.get("seconds", 0.0)
         writer = distributed.summary_writer(str(out / "tb"))
         losses = []
@@ -306,6 +304,7 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
         "parameters_millions": sum(p.numel() for p in vae.parameters()) / 1e6,
         "spatial_compression": vae_lib.spatial_factor(vae),
         "latent_channels": int(vae.config.z_dim),
+        "image_size": None if config.pretrained else int(_frames(train_episodes[0]).shape[1]),  # the frames it learned (train-wm checks)
     }
     vae.save_pretrained(str(out), safe_serialization=True)
     atomic_write_json(out / "metrics.json", metrics)
@@ -442,17 +441,17 @@ def train_world_model(
         shape["context_channels"] = True
 
     step = 0
-    checkpoint = latest_checkpoint(out)
-    if checkpoint is not None:
-        saved = torch.load(checkpoint / "state.pt", map_location="cpu", weights_only=False)["extra"]
+
+    def same_shape(checkpoint: Path, saved: dict) -> None:
         saved_shape = saved.get("shape") or {}
         if saved_shape != shape:
             differ = sorted(key for key in saved_shape.keys() | shape.keys() if saved_shape.get(key) != shape.get(key))
             raise ValueError(f"checkpoint {checkpoint} cannot resume this run: it differs in {differ} "
                              f"(checkpoint {saved_shape}, this run {shape}); train into a new --out or match the settings")
-        step, extra = load_checkpoint(checkpoint, modules, stateful)
-        if main:
-            announce_resume("train-wm", checkpoint, step)
+
+    resumed = resume(out, "train-wm", modules, stateful, check=same_shape)
+    if resumed is not None:
+        _, step, extra = resumed
         budget.seconds_done = extra.get("seconds", 0.0)
     for module in modules.values():
         distributed.broadcast_parameters(module)

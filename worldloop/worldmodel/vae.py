@@ -55,7 +55,8 @@ def load_vae(folder: str | Path):
     Built from the config and filled with ``load_state_dict(strict=True)``: every tensor must be in
     the file, nothing is left at its random initialisation whichever loading path diffusers prefers."""
     from diffusers import AutoencoderKLWan
-    from safetensors.torch import load_file
+
+    from worldloop.utils.checkpoint import read_finite_weights
 
     folder = Path(folder)
     config_file = folder / "config.json"
@@ -66,7 +67,7 @@ def load_vae(folder: str | Path):
         raise FileNotFoundError(f"{folder} must hold exactly one .safetensors weights file, found {[w.name for w in weights]}")
     vae = AutoencoderKLWan.from_config(AutoencoderKLWan.load_config(str(folder)))
     try:
-        vae.load_state_dict(load_file(weights[0]), strict=True)
+        vae.load_state_dict(read_finite_weights(weights[0]), strict=True)
     except RuntimeError as error:
         raise ValueError(f"{weights[0]} does not match the VAE described by {config_file}: {str(error)[:300]}") from error
     return vae.eval()
@@ -84,6 +85,21 @@ def world_model_vae(folder: str | Path, image_size: int):
             raise ValueError(f"world model {folder} imagines {trained_at}x{trained_at} frames; these are {image_size}x{image_size} (sim.image_size)")
         folder = folder / "vae"
     return load_vae(folder)
+
+
+def check_frames(folder: str | Path, vae, image_size: int, source: str) -> None:
+    """Refuse frames of ``source`` (image_size x image_size) that the VAE of ``folder`` cannot encode or was not
+    trained on (the frame size a `worldloop train-vae` folder's metrics.json records)."""
+    import json
+
+    factor = spatial_factor(vae)
+    if image_size % factor:
+        raise ValueError(f"{source} holds {image_size}x{image_size} frames, not divisible by the {factor}x spatial compression of the VAE {folder}")
+    metrics = Path(folder) / "metrics.json"
+    trained_at = json.loads(metrics.read_text()).get("image_size") if metrics.is_file() else None
+    if trained_at is not None and int(trained_at) != image_size:
+        raise ValueError(f"the VAE {folder} was trained on {trained_at}x{trained_at} frames, {source} holds {image_size}x{image_size}: "
+                         f"train a VAE on these frames (worldloop train-vae --dataset {source}) or use data of {trained_at}x{trained_at}")  # fmt: skip
 
 
 def spatial_factor(vae) -> int:
