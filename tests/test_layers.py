@@ -5,7 +5,7 @@ still a dependency; it only hides it until the call). The layers, lowest first:
 
     utils < config schema < sims/data < policies/worldmodel/rewards < envs < rl < diagnostics < loop/commands
 
-The config schema layer holds worldloop/config.py, every ``configuration.py`` and the protocols the stages
+The config schema layer holds worldloop/config.py (and its config_migrations.py), every ``configuration.py`` and the protocols the stages
 exchange (envs/protocol.py, policies/protocol.py: plain types, importing nothing of worldloop), so a simulator
 can implement the environment protocol without depending on the environments built on top of it.
 """
@@ -22,7 +22,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "worldloop"
 
 LAYERS = [
     ("utils", r"utils(\..*)?"),
-    ("config schema", r"config|\w+\.configuration|envs\.protocol|policies\.protocol"),
+    ("config schema", r"config(_migrations)?|\w+\.configuration|envs\.protocol|policies\.protocol"),
     ("sims/data", r"(sims|data)(\..*)?"),
     ("policies/worldmodel/rewards", r"(policies|worldmodel|rewards)(\..*)?"),
     ("envs", r"envs(\..*)?"),

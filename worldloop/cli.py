@@ -18,7 +18,8 @@ import os
 import re
 import sys
 
-from worldloop.config import DEFAULT_PRESET, ConfigError, load_config, load_saved_config, retired_as_fixed
+from worldloop.config import DEFAULT_PRESET, ConfigError, load_config, load_saved_config
+from worldloop.config_migrations import retired_as_fixed
 from worldloop.utils.gl import RenderingUnavailable
 from worldloop.utils.runfolder import RunClaim, RunError, as_os_error, describe_os_error
 

@@ -103,7 +103,7 @@ def render_markdown(run: Path, results: dict[str, Any], plots: list[str]) -> str
             lines += [f"- {stage} @ {e['iteration']}: {tracking_line(e['tracking'])}" for stage, e in tracked]
         sourced = [(stage, e) for stage, block in results["imagination_vs_reality"].items() for e in block["evaluations"] if e.get("gap_sources")]
         if sourced:
-            from worldloop.rl.trainer import sources_by_task_rows, sources_line
+            from worldloop.rl.summary import sources_by_task_rows, sources_line
 
             lines += ["", "Where the gap comes from: the judge on the real episodes' frames, the world model replaying their actions",
                       "open loop, then the closed loop (success, and per episode kappa against the simulator):", ""]

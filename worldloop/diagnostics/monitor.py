@@ -40,7 +40,7 @@ from worldloop.diagnostics.warnings import (
 )
 from worldloop.rl.configuration import RLConfig
 from worldloop.rl.rollout import tracking_line
-from worldloop.rl.summary import _agreement, _rate, gap_steps, imagined_actions_line, since_first_line, sources_line
+from worldloop.rl.summary import agreement_text, gap_steps, imagined_actions_line, rate_text, since_first_line, sources_line
 from worldloop.rl.trainer import train
 from worldloop.utils import distributed
 from worldloop.utils.io import atomic_path, atomic_write_json
@@ -146,7 +146,7 @@ class RunMonitor:
         self.writer.add_scalar("eval/success_once_stderr", result["real"]["stderr"], iteration)
         for task, numbers in result["real"]["per_task"].items():
             self.writer.add_scalar(f"eval/{task}/success_once", numbers["success_once"], iteration)
-        line = f"eval @ {iteration}: real {_rate(result['real'])}"
+        line = f"eval @ {iteration}: real {rate_text(result['real'])}"
         if "imagined" in result:
             self.writer.add_scalar("eval/success_once_imagined", result["imagined"]["success_once"], iteration)
             if "imagined_keyframes" in result:  # the same policy in imagination from KIR keyframes
@@ -157,9 +157,9 @@ class RunMonitor:
             self.writer.add_scalar("eval/agreement", result["agreement"], iteration)
             if result.get("kappa") is not None:
                 self.writer.add_scalar("eval/kappa", result["kappa"], iteration)
-            line += f" | imagined {_rate(result['imagined'])} | agreement {_agreement(result)}"
+            line += f" | imagined {rate_text(result['imagined'])} | agreement {agreement_text(result)}"
             if "imagined_keyframes" in result:
-                line += f" | imagined from keyframes {_rate(result['imagined_keyframes'])}"
+                line += f" | imagined from keyframes {rate_text(result['imagined_keyframes'])}"
             acted = result.get("imagined_actions_in_reality")
             if acted is not None:  # the imagined episodes' actions, done in the simulator
                 self.writer.add_scalar("eval/success_once_imagined_actions_in_reality", acted["success_once"], iteration)

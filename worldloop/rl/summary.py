@@ -31,7 +31,7 @@ def sources_line(result: dict[str, Any]) -> str:
     parts = []
     for name, step in gap_steps(result).items():
         kappa = format_kappa(step["kappa"], step["kappa_stderr"]) if step.get("kappa") is not None else "-"
-        parts.append(f"{SOURCES[name]} {_rate(step)} (kappa {kappa})")
+        parts.append(f"{SOURCES[name]} {rate_text(step)} (kappa {kappa})")
     return "success and kappa against the simulator: " + ", ".join(parts)
 
 
@@ -59,9 +59,9 @@ def results_table(evaluations: list[dict[str, Any]], history: list[dict[str, Any
     real = "real success_once" + (" (observed through the VAE)" if any(r.get("real_through_codec") for r in evaluations) else "")
     lines = [f"| iteration | {real} | imagined success_once | agreement (chance, kappa) |", "|---|---|---|---|"]
     for result in evaluations:
-        imagined = _rate(result["imagined"]) if "imagined" in result else "-"
-        agreement = _agreement(result) if "agreement" in result else "-"
-        lines.append(f"| {result['iteration']} | {_rate(result['real'])} | {imagined} | {agreement} |")
+        imagined = rate_text(result["imagined"]) if "imagined" in result else "-"
+        agreement = agreement_text(result) if "agreement" in result else "-"
+        lines.append(f"| {result['iteration']} | {rate_text(result['real'])} | {imagined} | {agreement} |")
     lines += paired_change_rows(evaluations)
     lines += _per_check(evaluations, "tracking", "From the same initial states, how long imagination follows the real trajectory:", tracking_line)
     sourced = [result for result in evaluations if result.get("gap_sources")]
@@ -120,7 +120,7 @@ def paired_change_rows(evaluations: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _agreement(result: dict[str, Any]) -> str:
+def agreement_text(result: dict[str, Any]) -> str:
     """'0.58 (chance 0.59, kappa -0.02 ± 0.09)'; the agreement alone where kappa is undefined (both verdicts
     constant and equal) or was not measured (runs from before it)."""
     if result.get("kappa") is None:
@@ -132,7 +132,7 @@ def _agreement(result: dict[str, Any]) -> str:
 def imagined_actions_line(acted: dict[str, Any]) -> str:
     """The simulator driven by the imagined episodes' actions: its success, overall and per task, beside its agreement
     with the imagined verdicts (kappa '-' where a task's verdicts are all alike)."""
-    line = (f"the imagined episodes' actions done in the simulator: {_rate(acted)}, against the imagined verdicts kappa {_kappa(acted)}; "
+    line = (f"the imagined episodes' actions done in the simulator: {rate_text(acted)}, against the imagined verdicts kappa {_kappa(acted)}; "
             f"per task {_per_task_rates(acted)}")
     versus = acted.get("versus_closed_loop")
     if versus:  # absent in runs from before it
@@ -168,5 +168,5 @@ def _kappa(numbers: dict[str, Any]) -> str:
     return "-" if numbers["kappa"] is None else format_kappa(numbers["kappa"], numbers["kappa_stderr"])
 
 
-def _rate(summary: dict[str, Any]) -> str:
+def rate_text(summary: dict[str, Any]) -> str:
     return f"{summary['success_once']:.3f} ± {summary['stderr']:.3f} (n={summary['episodes']})"

@@ -48,7 +48,6 @@ from worldloop.rl.configuration import RLConfig
 from worldloop.rl.losses import clipped_policy_loss, clipped_value_loss, entropy_bonus, kl_penalty
 from worldloop.rl.rollout import Rollout, autocast, check_compatible, collect, policy_device
 from worldloop.rl.run import RLRun
-from worldloop.rl.summary import sources_by_task_rows, sources_line  # noqa: F401  (read from here by worldloop.report)
 from worldloop.utils import distributed
 
 VALUE_CLIP = 0.2

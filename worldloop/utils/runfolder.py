@@ -143,7 +143,7 @@ def config_value(config: Any, dotted: str) -> Any:
 def differences(before: dict[str, Any], now: dict[str, Any], retired: Any = None) -> list[str]:
     """'key: old there, new now' for every setting that differs, keys as a user writes them
     ('sft.lr', '--dataset'). ``retired(key, value)``: whether a key recorded there and gone now held the value this
-    version always uses (worldloop.config.retired_as_fixed, which the caller passes); such a key is no difference."""
+    version always uses (worldloop.config_migrations.retired_as_fixed, which the caller passes); such a key is no difference."""
     old, new = _flatten(before), _flatten(now)
     missing = object()
     return [
@@ -198,7 +198,7 @@ class RunClaim:
         """``read_config(path)``: the configuration a ``config.yaml`` holds (worldloop.config.load_saved_config, which
         the caller passes: this layer does not import the config schema), for folders written before run.json;
         ``retired(key, value)``: whether a setting recorded there is a retired key at its now fixed value
-        (worldloop.config.retired_as_fixed)."""
+        (worldloop.config_migrations.retired_as_fixed)."""
         self.out, self.verb, self.spec, self.overwrite, self.read_config = Path(out), verb, spec, overwrite, read_config
         self.retired = retired
         self.settings = run_settings(spec, config, options)
