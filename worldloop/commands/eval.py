@@ -66,8 +66,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
     policy = load_policy(args.policy, resolve_device(config.device))
     save_config(config, args.out)
     tasks = resolve_tasks(config.sim)
-    print(f"eval: {config.eval.episodes_per_task} episodes of each of {len(tasks)} tasks, {min(config.eval.num_envs, config.eval.episodes_per_task * len(tasks))} "
-          f"at once, in the simulator ({config.sim.backend}); results into {args.out}", flush=True)  # fmt: skip
+    print(f"eval: {config.eval.episodes_per_task} episodes of each of {len(tasks)} tasks in the simulator ({config.sim.backend}); "
+          f"results into {args.out}", flush=True)  # fmt: skip
     results = evaluate_policy(policy, config, out=args.out, world_model=args.world_model, temperature=args.temperature)
     print(results_table(results), end="")
     if before is not None:

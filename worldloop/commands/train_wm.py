@@ -48,7 +48,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
         raise ValueError(f"--init {args.init} imagines {init.image_size}x{init.image_size} frames, the --dataset holds {image_size}x{image_size}")
     if distributed.is_main():
         save_config(config, args.out)
-    train = [episode for train, _, _ in splits for episode in train]
+    train = [episode for episodes, _, _ in splits for episode in episodes]
     key = {"dataset": [str(Path(folder).resolve()) for folder in args.dataset], "vae": str(Path(args.vae).resolve()), "init": args.init}
     steps_before = steps_trained(args.init) if args.init else 0
     train_world_model(config.world_model, train, vae, args.out, device, config.seed, cache_key=key, init=init, steps_before=steps_before)

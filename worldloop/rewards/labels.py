@@ -37,7 +37,7 @@ NO_POSITIVE_HINT = (
 
 def require_success_frames(train: "LabelledFrames", held_out: "LabelledFrames | None" = None) -> None:
     """A ValueError saying what is missing and how much was found when ``train`` has no success-labelled frame (or
-    nothing else): too few successful episodes to hold some out, or none at all."""
+    nothing but them): too few successful episodes to hold some out, or none at all."""
     def count(frames: "LabelledFrames | None") -> tuple[int, int, int]:  # (episodes, successful episodes, success frames)
         if frames is None or not len(frames):
             return 0, 0, 0

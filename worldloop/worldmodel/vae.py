@@ -90,13 +90,13 @@ def world_model_vae(folder: str | Path, image_size: int):
 def check_frames(folder: str | Path, vae, image_size: int, source: str) -> None:
     """Refuse frames of ``source`` (image_size x image_size) that the VAE of ``folder`` cannot encode or was not
     trained on (the frame size a `worldloop train-vae` folder's metrics.json records)."""
-    import json
+    from worldloop.utils.io import read_json
 
     factor = spatial_factor(vae)
     if image_size % factor:
         raise ValueError(f"{source} holds {image_size}x{image_size} frames, not divisible by the {factor}x spatial compression of the VAE {folder}")
     metrics = Path(folder) / "metrics.json"
-    trained_at = json.loads(metrics.read_text()).get("image_size") if metrics.is_file() else None
+    trained_at = read_json(metrics).get("image_size") if metrics.is_file() else None
     if trained_at is not None and int(trained_at) != image_size:
         raise ValueError(f"the VAE {folder} was trained on {trained_at}x{trained_at} frames, {source} holds {image_size}x{image_size}: "
                          f"train a VAE on these frames (worldloop train-vae --dataset {source}) or use data of {trained_at}x{trained_at}")  # fmt: skip
