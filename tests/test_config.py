@@ -78,7 +78,7 @@ def test_saved_config_round_trips(tmp_path):
     assert load_saved_config(tmp_path) == config
 
 
-LEAF_KNOBS = 118
+LEAF_KNOBS = 119
 """The most leaf fields the schema may hold."""
 
 
@@ -124,7 +124,8 @@ def test_every_field_is_read_somewhere():
 def test_the_knob_count_stays_small():
     """Leaf knobs: 197 on 2026-12-04 before the configuration was pruned, 190 after the first pass, 160 after the second,
     157 before the third, 133 before the fourth and 116 after it; 118 with the held-out gate's interval floor and
-    per-task thresholds (loop.gate_min_kappa_lower, loop.gate_threshold_per_task, 2026-12-06)."""
+    per-task thresholds (loop.gate_min_kappa_lower, loop.gate_threshold_per_task, 2026-12-06); 119 with the judge's
+    replays of episodes the world model did not train on (loop.judge_rollouts_per_task, 2026-12-07)."""
     assert len(leaf_fields(Config)) <= LEAF_KNOBS
 
 

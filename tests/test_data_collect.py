@@ -99,6 +99,10 @@ def test_kill_9_mid_collection_loses_nothing_and_resumes(tmp_path):
     assert sorted(keys) == [f"reach-v3/{i:04d}" for i in range(4)]
     # no orphan files: one data file per episode
     assert len(list((out / "data").rglob("*.parquet"))) == 4
+    # the plan's next episode, into a dataset of its own: another initial state than the first four's
+    assert main(["collect", "--out", str(tmp_path / "next"), "--episodes-per-task", "1", "--first-episode", "4", "--no-progress", *SMALL]) == 0
+    (after,) = TrajectoryDataset(tmp_path / "next").episodes()
+    assert after.info["key"] == "reach-v3/0004" and after.info["seed"] not in {e.info["seed"] for e in ds.episodes()}
 
 
 def test_config_typo_and_unknown_task_stop_before_writing(tmp_path, capsys):
@@ -129,6 +133,8 @@ def test_plan_is_deterministic_prefix_stable_and_spreads_noisy_episodes():
     assert collection_plan(["push-v3"], 5, 0.4, seed=7) == [p for p in five if p.task == "push-v3"]  # seeds ignore other tasks
     assert [p.noisy for p in ten if p.task == "reach-v3"] == [False, False, True, False, True] * 2
     assert len({p.seed for p in ten}) == len(ten) and collection_plan(tasks, 5, 0.4, seed=8)[0].seed != five[0].seed
+    # a plan from episode 5 on is the rest of the ten: initial states apart from the first five's
+    assert collection_plan(tasks, 5, 0.4, seed=7, first_episode=5) == [p for p in ten if p.episode >= 5]
 
 
 def test_summary_of_a_policys_rollouts_is_strict_json():

@@ -38,6 +38,22 @@ def test_plan_skips_what_the_user_brings(tmp_path):
     assert paths["rl2"] == str(tmp_path / "arm" / "rl2")
 
 
+def test_the_judge_learns_replays_of_episodes_the_world_model_never_saw(tmp_path):
+    config = load_config("micro", ["loop.gate_min_kappa=0.6", "loop.judge_rollouts_per_task=3", "loop.base_rollouts_per_task=2"])
+    stages = {s.name: s.argv for s in plan(config, tmp_path, Inputs())[0]}
+    names = list(stages)
+    assert names.index("rollouts_judge") == names.index("rollouts_base") + 1
+    collect = stages["rollouts_judge"]  # the base policy's episodes numbered after the base rollouts'
+    assert collect[collect.index("--episodes-per-task") + 1] == "3" and collect[collect.index("--first-episode") + 1] == "2"
+    judge, judged = stages["judge"], str(tmp_path / "rollouts_judge")
+    assert judge[judge.index("--replay") + 1] == judged and judged in judge[: judge.index("--world-model")]
+    assert all(judged not in argv for name, argv in stages.items() if name in ("vae", "wm_base"))  # the world model never sees them
+    # a gate that only reports spares them, and so does a judge the user brings
+    for overrides, inputs in ((["loop.gate_min_kappa=null"], Inputs()), ([], Inputs(judge="j"))):
+        again = load_config("micro", ["loop.gate_min_kappa=0.6", "loop.judge_rollouts_per_task=3", *overrides])
+        assert "rollouts_judge" not in {s.name for s in plan(again, tmp_path, inputs)[0]}
+
+
 def test_failed_stage_stops_the_loop_and_leaves_no_marker(tmp_path):
     with pytest.raises(RuntimeError, match="stage demos failed"):
         run_loop(load_config("micro"), tmp_path, Inputs(), "micro", [], verb=lambda argv: 3)

@@ -10,16 +10,19 @@ from worldloop.cli import main
 from worldloop.utils.io import read_json
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
+def write_cue_dataset(root, episodes: int, length: int = 12):
     from worldloop.data.writer import DatasetWriter
 
-    root = tmp_path_factory.mktemp("data") / "cue"
     with DatasetWriter(root, fps=10, image_size=32, action_dim=4) as writer:
-        for episode in cue_episodes(8, length=12, size=32):
+        for episode in cue_episodes(episodes, length=length, size=32):
             actions = np.zeros((len(episode.frames), 4), np.float32)
             writer.add_episode(episode.frames, actions, episode.success, episode.instruction)
     return root
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return write_cue_dataset(tmp_path_factory.mktemp("data") / "cue", 8)
 
 
 def test_train_then_calibrate_reward_cli(dataset, tmp_path, capsys):
@@ -77,3 +80,20 @@ def test_calibrate_reward_judges_world_model_frames(dataset, tmp_path, capsys):
     assert "replays of the held-out episodes" in capsys.readouterr().out
     assert main(["train-reward", "--dataset", str(dataset), "--out", str(tmp_path / "rw-64"), "--world-model", str(tmp_path / "wm64"), *small]) == 2
     assert "renders 64px frames" in capsys.readouterr().err
+    # --replay: the replays of one dataset's episodes (ones the world model did not train on) beside both datasets' real frames
+    other = tmp_path / "other"
+    write_cue_dataset(other, 4)
+    replaying = ["--world-model", str(tmp_path / "wm32"), *small, "reward.training.threshold_from=max_f1"]
+    rw_new = tmp_path / "rw-new"
+    assert main(["train-reward", "--dataset", str(dataset), str(other), "--replay", str(other), "--out", str(rw_new), *replaying]) == 0
+    mine = read_json(rw_new / "metrics.json")
+    assert mine["train"]["frames"] == plain["train"]["frames"] + 2 * 2 * 11  # two of other's four episodes train (twice: real, replayed)
+    assert mine["held_out"]["frames"] == 2 * 11 + 2 * 11 and mine["held_out_imagined"]["frames"] == 2 * 11
+    assert f"with the replays of {other}" in capsys.readouterr().out
+    for wrong in (["--replay", str(tmp_path / "elsewhere")], ["--replay", str(other), "--world-model"]):
+        out = tmp_path / "rw-wrong"
+        argv = ["train-reward", "--dataset", str(dataset), str(other), "--out", str(out), *replaying, *wrong]
+        if wrong[-1] == "--world-model":  # --replay without a world model
+            argv = ["train-reward", "--dataset", str(dataset), str(other), "--replay", str(other), "--out", str(out), *small]
+        assert main(argv) == 2 and not out.exists()
+        assert "--replay" in capsys.readouterr().err

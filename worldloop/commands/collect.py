@@ -22,6 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="dataset folder (created, or resumed when it exists)")
     parser.add_argument("--policy", default="expert", help="who acts: 'expert' (the simulator's scripted policies: Meta-World's, LIBERO-Spatial's) or a policy model folder (samples at eval.temperature, or eval.greedy)")
     parser.add_argument("--episodes-per-task", type=int, default=None, help="overrides collect.episodes_per_task")
+    parser.add_argument("--first-episode", type=int, default=0, help="number the episodes of each task from N: initial states apart from those of "
+                        "a dataset of N episodes per task collected with the same seed (default 0)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -43,7 +45,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
         policy = load_policy(args.policy, resolve_device(config.device))
         policy.add_instructions([instruction(task) for task in resolve_tasks(config.sim)])  # before the simulator starts
         driver = policy_driver(policy, temperature=1.0, greedy=config.eval.greedy)
-    summary = collect(config, args.out, driver=driver, policy_name=args.policy, progress=not args.no_progress)
+    summary = collect(config, args.out, driver=driver, policy_name=args.policy, progress=not args.no_progress,
+                      first_episode=args.first_episode)
     run_info = summary["run"]
     print(format_summary(summary))
     print(

@@ -46,15 +46,16 @@ class PlannedEpisode:
     """Collected with the noisy expert."""
 
 
-def collection_plan(tasks: list[str], episodes_per_task: int, noisy_fraction: float, seed: int) -> list[PlannedEpisode]:
-    """The planned episodes, interleaved across tasks (episode 0 of every task, then episode 1, ...).
+def collection_plan(tasks: list[str], episodes_per_task: int, noisy_fraction: float, seed: int, first_episode: int = 0) -> list[PlannedEpisode]:
+    """The planned episodes, interleaved across tasks (episode ``first_episode`` of every task, then the next, ...).
 
     Episode e of a task is noisy when floor((e+1) f) > floor(e f) (f the noisy fraction), which
     spreads noisy episodes evenly and keeps the first N of a longer plan identical to a shorter one.
-    Seeds depend on (seed, task name, e) only, so adding tasks changes no other episode.
+    Seeds depend on (seed, task name, e) only, so adding tasks changes no other episode, and a plan from
+    ``first_episode`` N on continues one of N episodes per task with initial states of its own.
     """
     plan = []
-    for e in range(episodes_per_task):
+    for e in range(first_episode, first_episode + episodes_per_task):
         for task in tasks:
             sim_seed = int(np.random.default_rng([seed, zlib.crc32(task.encode()), e]).integers(2**31 - 1))
             noisy = int((e + 1) * noisy_fraction + 1e-9) > int(e * noisy_fraction + 1e-9)
@@ -136,10 +137,12 @@ def collect(
     episodes_per_task: int | None = None,
     progress: bool = True,
     max_episodes: int | None = None,
+    first_episode: int = 0,
 ) -> dict[str, Any]:
     """Collect the planned episodes into the dataset at ``out`` (resuming), then summarise it.
 
-    ``driver`` defaults to the scripted expert. ``max_episodes`` stops after that many new
+    ``driver`` defaults to the scripted expert. ``first_episode``: the plan's first episode number per task (episodes
+    0 .. N-1 of the same seed are another dataset's, e.g. the base rollouts a world model trained on). ``max_episodes`` stops after that many new
     episodes (for tests and partial runs). Returns the summary that is also written to
     ``out/summary.json``.
     """
@@ -158,6 +161,8 @@ def collect(
     n_per_task = config.collect.episodes_per_task if episodes_per_task is None else episodes_per_task
     if n_per_task < 1:
         raise ConfigError(f"episodes per task must be >= 1, got {n_per_task}")
+    if first_episode < 0:
+        raise ConfigError(f"the first episode number must be >= 0, got {first_episode}")
     check_resumable(config, out)
     save_config(config, out)
     driver = driver or expert_driver
@@ -170,7 +175,7 @@ def collect(
         done_keys = writer.completed_keys()
         # the expert's noise plan means nothing to a policy: none of its episodes is a noisy expert's
         noisy_fraction = config.collect.noisy_fraction if policy_name == "expert" else 0.0
-        plan = collection_plan(tasks, n_per_task, noisy_fraction, config.seed)
+        plan = collection_plan(tasks, n_per_task, noisy_fraction, config.seed, first_episode)
         todo = [p for p in plan if p.key not in done_keys]
         if max_episodes is not None:
             todo = todo[:max_episodes]

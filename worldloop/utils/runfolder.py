@@ -34,7 +34,7 @@ CONFIG_FILE = "config.yaml"  # the resolved configuration every verb writes (wor
 NOT_DEFINING = frozenset({"out", "preset", "overrides", "verb", "_module", "no_progress", "debug", "overwrite"})
 # argparse names of the options that name input files or folders: recorded absolute whether or not they exist yet,
 # so that a run refused for a missing input is the same run once the input is there
-PATH_OPTIONS = frozenset({"dataset", "policy", "base_policy", "world_model", "init", "vae", "judge", "keyframes", "gate", "against"})
+PATH_OPTIONS = frozenset({"dataset", "policy", "base_policy", "world_model", "init", "vae", "judge", "keyframes", "gate", "against", "replay"})
 NOT_A_PATH = re.compile(r"expert|[a-z][a-z0-9-]*:.*")  # the scripted experts, or KIND:PATH (topreward:..., openvla-oft:...)
 
 
