@@ -135,6 +135,27 @@ def test_analyse_rebuilds_a_committed_gate_folder_from_its_episodes(tmp_path, ca
     assert "gate.md and gate.json rebuilt" in capsys.readouterr().out
 
 
+def test_judges_compare_on_the_same_episodes_paired_by_episode(tmp_path, capsys):
+    from worldloop.cli import main
+
+    real, right, _ = tracking(16)
+    # the second judge's replays: wrong on 4 evaluation episodes (odd positions are the evaluation half), flipped
+    wrong = [1.0 - r if i in (1, 3, 5, 7) else r for i, r in enumerate(right)]
+    for name, replay in (("first", right), ("second", wrong)):
+        write_gate_folder(tmp_path / name, episodes_of({"door-open-v3": (real, replay, right)}), GateRule(min_kappa=0.6), 0.5, name)
+    assert main(["analyse", str(tmp_path / "first"), str(tmp_path / "second")]) == 0
+    result = json.loads((tmp_path / "first" / "judges_compared.json").read_text())
+    first, second = result["gates"]
+    assert first["agreeing"] == 8 and (first["right_where_first_wrong"], first["wrong_where_first_right"]) == (0, 0) and first["sign_test_p"] is None
+    assert second["agreeing"] == 4 and (second["right_where_first_wrong"], second["wrong_where_first_right"]) == (0, 4)
+    assert second["sign_test_p"] == pytest.approx(2 * 0.5**4)  # two-sided exact: 4 of 4 discordant episodes one way
+    assert "| 4 / 8 | 0 | 4 | 0.125 |" in capsys.readouterr().out
+    # other real episodes: refused
+    write_gate_folder(tmp_path / "other", episodes_of({"reach-v3": (real, right, right)}), GateRule(min_kappa=0.6), 0.5, "other")
+    assert main(["analyse", str(tmp_path / "first"), str(tmp_path / "other")]) == 2
+    assert "hold other real episodes" in capsys.readouterr().err
+
+
 def write_gate(folder, passed: list[str], threshold: float = 0.5) -> None:
     """gate.json as `worldloop gate` writes it: the ``passed`` tasks track, reach-v3 does not unless passed."""
     per_task = {task: tracking(16) for task in passed}

@@ -15,11 +15,16 @@ task with Holm's correction across tasks; imagined against real success per arm.
 A fidelity gate's folder (`worldloop gate --out GATE`, it holds gate_episodes.json) gets its gate.json and gate.md
 again from its episodes' verdicts: the split, the thresholds, every kappa and interval, the episode rules compared
 (a gate folder of before 2026-12-06, with judge_calibration.json, from its replays' scores, as it was then).
-Example: worldloop analyse runs/exp; worldloop analyse runs/mw/gate"""
+Gate folders of several judges on the same real episodes (`worldloop analyse GATE OTHER ...`) are compared with the
+first, episode by episode: where one's replay verdict agrees with the simulator and the other's does not, with the exact
+sign test.
+Example: worldloop analyse runs/exp; worldloop analyse runs/mw/gate; worldloop analyse runs/mw/gate runs/mw/gate_seen"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", metavar="RUN", help="experiment folder, or a fidelity gate's folder")
+    parser.add_argument("others", metavar="GATE", nargs="*", help="more gate folders of the same real episodes (other judges or rules): "
+                        "compared with RUN, episode by episode; RUN/judges_compared.md and .json")
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
@@ -28,6 +33,15 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from worldloop.analysis import write_analysis
     from worldloop.diagnostics.gate import rebuild_gate
 
+    if args.others:
+        from worldloop.diagnostics.gate import compare_judges, comparison_table
+        from worldloop.utils.io import atomic_write_json, atomic_write_text
+
+        result = compare_judges([args.run, *args.others])
+        atomic_write_json(Path(args.run) / "judges_compared.json", result)
+        atomic_write_text(Path(args.run) / "judges_compared.md", comparison_table(result) + "\n")
+        print(comparison_table(result))
+        return 0
     if (Path(args.run) / "gate_episodes.json").is_file() and (Path(args.run) / "gate.json").is_file():
         print(rebuild_gate(args.run))
         print(f"analyse: {Path(args.run) / 'gate.md'} and gate.json rebuilt from gate_episodes.json")

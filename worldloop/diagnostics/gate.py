@@ -255,6 +255,52 @@ def write_gate(folder: str | Path, episodes: GateEpisodes, rule: GateRule, fallb
     return result
 
 
+def evaluation_verdicts(folder: str | Path) -> tuple[GateEpisodes, np.ndarray, np.ndarray]:
+    """A gate folder's episodes, which of them the evaluation half holds, and each episode's verdict on its replay under
+    the rule and threshold(s) its gate.json records."""
+    gate, episodes = read_json(Path(folder) / "gate.json"), GateEpisodes.load(Path(folder) / "gate_episodes.json")
+    scores = episode_scores(episodes.replay, gate["rule"]["success_chunks"])
+    at = np.array([gate["task_thresholds"].get(task, gate["threshold"]) for task in episodes.task])
+    return episodes, np.asarray(split(episodes.task)) == EVALUATION, scores >= at
+
+
+def compare_judges(folders: Sequence[str | Path]) -> dict[str, Any]:
+    """Gates of several judges (or rules) on the same real episodes, against the first: each one's replay and
+    real-frame kappa and tasks passing, and, paired by evaluation episode, those whose replay verdict agrees with the
+    simulator under one and not the other, with the exact sign (McNemar) test."""
+    from worldloop.utils.stats import sign_test_p
+
+    first, evaluating, reference = evaluation_verdicts(folders[0])
+    rows = []
+    for folder in folders:
+        episodes, _, judged = evaluation_verdicts(folder)
+        if episodes.task != first.task or episodes.real != first.real:
+            raise ValueError(f"{folder} and {folders[0]} hold other real episodes: judges compare on the same ones (the same policy, "
+                             "initial states and world-model noise)")  # fmt: skip
+        real = np.asarray(episodes.real)
+        right, right_first = (judged == real)[evaluating], (reference == real)[evaluating]
+        gate = read_json(Path(folder) / "gate.json")
+        gained, lost = int((right & ~right_first).sum()), int((~right & right_first).sum())
+        rows.append({"gate": str(folder), "judge": gate["judge"], "replay_kappa": gate["replays"]["kappa"],
+                     "replay_kappa_stderr": gate["replays"]["kappa_stderr"], "real_frames_kappa": gate["real_frames"]["kappa"],
+                     "passed": len(gate["passed"]) if gate["min_kappa"] is not None else sum(r["meets_bar"] for r in gate["tasks"].values()),
+                     "agreeing": int(right.sum()), "episodes": int(evaluating.sum()), "right_where_first_wrong": gained,
+                     "wrong_where_first_right": lost, "sign_test_p": sign_test_p(gained, lost) if gained + lost else None})  # fmt: skip
+    return {"against": str(folders[0]), "gates": rows}
+
+
+def comparison_table(result: dict[str, Any]) -> str:
+    """compare_judges' result as Markdown."""
+    lines = [f"Judges on the same real episodes, each gate's evaluation half, against {result['against']}:", "",
+             "| gate | kappa on replays | kappa on real frames | tasks meeting the bar | replays agreeing | right where the first is wrong | "
+             "wrong where the first is right | exact sign test p |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    for row in result["gates"]:
+        p = "-" if row["sign_test_p"] is None else f"{row['sign_test_p']:.3g}"
+        lines.append(f"| {row['gate']} | {_kappa(row['replay_kappa'], row['replay_kappa_stderr'])} | {_kappa(row['real_frames_kappa'])} | "
+                     f"{row['passed']} | {row['agreeing']} / {row['episodes']} | {row['right_where_first_wrong']} | {row['wrong_where_first_right']} | {p} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def rebuild_gate(folder: str | Path) -> str:
     """gate.json and gate.md of a gate folder again, from its gate_episodes.json and the rule and judge its gate.json
     records (a committed folder, without the models); returns the table."""
