@@ -130,6 +130,17 @@ def test_no_import_runs_up_the_layers():
     assert upward_imports(import_graph()) == []
 
 
+def test_rl_owns_its_application_and_never_imports_the_diagnostics():
+    """RL's entry point, its environments and its judge loading live in rl/; what watches a run (reality checks,
+    calibration, tracking, warnings, stop rules) is diagnostics', injected by the command: no rl module imports it."""
+    graph = import_graph()
+    assert {"worldloop.rl.app", "worldloop.rl.envs"} <= set(graph)
+    assert [f"{name} imports {target}" for name, imported in graph.items() if name.startswith("worldloop.rl")
+            for target in imported if target.startswith("worldloop.diagnostics")] == []  # fmt: skip
+    assert "worldloop.rl.app" in graph["worldloop.commands.rl"] and "worldloop.diagnostics.monitor" in graph["worldloop.commands.rl"]
+    assert ("worldloop.rl", "worldloop.diagnostics") not in {(a.rsplit(".", 1)[0], b.rsplit(".", 1)[0]) for a, b in ALLOWED_UPWARD}
+
+
 def test_the_walk_sees_function_level_imports_circles_and_upward_imports(tmp_path):
     """The checks themselves: a made-up graph with a circle and an upward import is caught."""
     graph = {"worldloop.utils.a": {"worldloop.rl.b": 3}, "worldloop.rl.b": {"worldloop.utils.a": 1}}

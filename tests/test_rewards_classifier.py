@@ -178,7 +178,7 @@ def test_saved_classifier_loads_and_scores_the_same(trained):
     torch.testing.assert_close(scores, torch.from_numpy(predict(reloaded, held_out)), atol=1e-5, rtol=1e-5)
     assert torch.equal(judge.success(windows, instructions), scores >= 0.5)
     # RL can move its threshold without retraining it (rl.judge_threshold); null keeps the saved one.
-    from worldloop.diagnostics.reality import load_rl_judge
+    from worldloop.rl.envs import load_rl_judge
     from worldloop.config import load_config
 
     assert load_rl_judge(str(out), "cpu", load_config("micro")).threshold == 0.5

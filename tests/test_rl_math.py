@@ -195,7 +195,7 @@ def test_paired_difference_by_hand():
 def test_paired_changes_split_the_task_major_episodes_and_tighten_the_fall():
     """RL's evaluations repeat the same initial states: the paired change per task reads the verdict strings in the
     check's task-major order; a fall where few episodes flipped is significant paired and not unpaired."""
-    from worldloop.rl.rollout import paired_changes
+    from worldloop.rl.summary import paired_changes
     from worldloop.diagnostics.warnings import real_success_fall
     from worldloop.rl.summary import paired_change_rows
 

@@ -583,7 +583,9 @@ def test_rl_shows_and_logs_the_imagined_episodes_actions_in_the_simulator(tmp_pa
 def test_trajectory_tracking_on_hand_made_rollouts():
     """Rows after 1 and 2 chunks (3 chunks observed); only episodes still running in both count for
     PSNR and actions; "succeeded by then" counts the chunks before."""
-    from worldloop.rl.rollout import Rollout, tracking_line, trajectory_tracking
+    from worldloop.diagnostics.tracking import trajectory_tracking
+    from worldloop.rl.rollout import Rollout
+    from worldloop.rl.summary import tracking_line
 
     n, t = 4, 3
     generator = torch.Generator().manual_seed(0)
@@ -709,7 +711,7 @@ def test_a_lenient_judge_is_recalibrated_on_the_base_policys_replayed_episodes(t
     from worldloop.diagnostics.reality import calibrate_threshold, tracked_tasks
     from worldloop.config import ConfigError
     from worldloop.rl.configuration import RLConfig
-    from worldloop.rl.rollout import LabelledEpisodes
+    from worldloop.diagnostics.tracking import LabelledEpisodes
 
     rl, calibrate = RLConfig(), CalibrateConfig()  # threshold_tolerance_se 1, threshold_significance_se 2
 
@@ -898,7 +900,7 @@ def test_a_gain_in_imagination_alone_is_named():
 def scripted_check(tasks: list[str], imagined_successes: Callable[[int, str], int], n: int = 40):
     """A reality check that returns given verdicts: real 20 of n on every task at every iteration; imagined
     ``imagined_successes(iteration, task)`` of n."""
-    from worldloop.rl.rollout import summarize
+    from worldloop.diagnostics.tracking import summarize
 
     names = [task for task in tasks for _ in range(n)]
 
@@ -953,7 +955,8 @@ def test_a_task_that_imagination_does_not_track_is_named_even_when_the_overall_k
 def test_the_replay_renders_the_real_episodes_actions_in_the_world_model():
     """The replay's observations are the real run's, imagined: the toy world model is the toy world, so
     they match frame for frame; a world model that ignores the actions departs after the first chunk."""
-    from worldloop.rl.rollout import collect, replay
+    from worldloop.diagnostics.tracking import replay
+    from worldloop.rl.rollout import collect
 
     torch.manual_seed(0)
     episodes = 8

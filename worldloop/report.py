@@ -96,7 +96,7 @@ def render_markdown(run: Path, results: dict[str, Any], plots: list[str]) -> str
                 lines.append(f"| {stage} | {e['iteration']} | {_cell(e['real'])} | {_cell(e.get('imagined'))} | {kappa} |")
         tracked = [(stage, e) for stage, block in results["imagination_vs_reality"].items() for e in block["evaluations"] if e.get("tracking")]
         if tracked:
-            from worldloop.rl.rollout import tracking_line
+            from worldloop.rl.summary import tracking_line
 
             lines += ["", "How long imagination follows the real trajectory (PSNR of the imagined against the real observation,",
                       "beside the initial frame's; the share of equal action tokens; the kappa of \"succeeded by then\"):", ""]

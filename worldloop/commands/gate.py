@@ -46,8 +46,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from worldloop.config import save_config
     from worldloop.data.dataset import TrajectoryDataset
     from worldloop.diagnostics.gate import gate_rule, gate_table, measure, write_gate
-    from worldloop.diagnostics.reality import load_rl_judge
     from worldloop.policies import EXPERT, load_policy
+    from worldloop.rl.envs import load_rl_judge
     from worldloop.sims.tasks import check_task, resolve_tasks
     from worldloop.utils.device import resolve_device
 

@@ -48,8 +48,9 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
     from worldloop.commands.shared import load_world_model
     from worldloop.config import save_config
-    from worldloop.diagnostics.monitor import run_rl
+    from worldloop.diagnostics.monitor import Diagnostics
     from worldloop.policies import EXPERT, load_policy
+    from worldloop.rl.app import run_rl
     from worldloop.rl.summary import results_table
     from worldloop.utils import distributed
     from worldloop.utils.device import resolve_device
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     world_model = load_world_model(args.world_model, config, args.overrides, device) if args.world_model else None
     results = run_rl(config, policy, args.out, args.env == "imagined", world_model, args.judge, args.dataset, args.keyframes,
                      args.tasks.split(",") if args.tasks else None, progress_bar=not args.no_progress, device=device,
-                     judge_task_thresholds=certified)  # fmt: skip
+                     judge_task_thresholds=certified, watch=Diagnostics())  # fmt: skip
     if results is None:  # not the main rank
         return 0
     print(results_table(results["evaluations"], results["history"]), end="")

@@ -320,10 +320,11 @@ def measure(config: Any, tasks: Sequence[str], policy: Any, world_model: Any, ju
 
     from tqdm import tqdm
 
-    from worldloop.diagnostics.reality import imagined_env
     from worldloop.envs.judging import JudgedEnv
+    from worldloop.rl.envs import imagined_env
     from worldloop.rl.evaluate import eval_seed
-    from worldloop.rl.rollout import chunks_run, collect, replay
+    from worldloop.diagnostics.tracking import chunks_run, replay
+    from worldloop.rl.rollout import collect
     from worldloop.sims import make_env
 
     per_task = config.loop.gate_episodes_per_task

@@ -39,8 +39,7 @@ from worldloop.diagnostics.warnings import (
     world_model_exploited_diagnosis,
 )
 from worldloop.rl.configuration import RLConfig
-from worldloop.rl.rollout import tracking_line
-from worldloop.rl.summary import agreement_text, gap_steps, imagined_actions_line, rate_text, since_first_line, sources_line
+from worldloop.rl.summary import agreement_text, gap_steps, imagined_actions_line, rate_text, since_first_line, sources_line, tracking_line
 from worldloop.rl.trainer import train
 from worldloop.utils import distributed
 from worldloop.utils.io import atomic_path, atomic_write_json
@@ -227,43 +226,16 @@ def train_watched(policy: Any, env: Any, rl: RLConfig, out: str | Path, seed: in
     return train(policy, env, rl, out, seed=seed, tasks=tasks, monitor=monitor, refiner=refiner, console=console, progress_bar=progress_bar)
 
 
-def run_rl(config: Any, policy: Any, out: str | Path, imagined: bool, world_model: Any = None, judge: str | None = None,
-           dataset: str | None = None, keyframes: str | None = None, tasks: list[str] | None = None, progress_bar: bool = True,
-           device: Any = "cpu", judge_task_thresholds: dict[str, float] | None = None) -> dict[str, Any] | None:  # fmt: skip
-    """What ``worldloop rl`` runs once its inputs are loaded: the training environment (imagined in ``world_model``,
-    judged by the ``judge`` folder or topreward:PATH, from ``dataset``'s first frames and the ``keyframes``; or the real
-    simulator), the reality checks and the judge's calibration (under torchrun each rank runs its share of their
-    episodes), the tasks imagination tracks (rl.train_tasks), the world model's refinement rounds (rl.refine_every),
-    then :func:`train_watched`. ``judge_task_thresholds`` (simulator task -> threshold, a fidelity gate's): the judge's
-    own threshold for those tasks. Closes every environment it opens; returns the results on rank 0, None on the others."""
-    from worldloop.data.dataset import TrajectoryDataset
-    from worldloop.diagnostics.reality import instruction_of, load_rl_judge, rl_checks, training_env
-    from worldloop.policies.modeling_vla import with_value_head
-    from worldloop.rl.refine import world_model_refiner
-    from worldloop.utils import distributed
+class Diagnostics:
+    """What ``worldloop rl`` injects into :func:`worldloop.rl.app.run_rl` (its ``watch``): the reality checks and the
+    judge's calibration (:func:`worldloop.diagnostics.reality.rl_checks`), and a :class:`RunMonitor` over them."""
 
-    rl = config.rl
-    policy = with_value_head(policy) if rl.algorithm == "ppo" else policy
-    num_envs = distributed.share(rl.num_groups, "rl.num_groups") * rl.group_size  # this rank's environments
-    closers = []
-    try:
-        judge_model = load_rl_judge(judge, device, config) if judge else None
-        if judge_model is not None and judge_task_thresholds:
-            judge_model.task_thresholds = {instruction_of(task): threshold for task, threshold in judge_task_thresholds.items()}
-        episodes = TrajectoryDataset(dataset) if dataset else None
-        env, instructions, sim_tasks = training_env(config, imagined, world_model, judge_model, episodes, keyframes, tasks, device, num_envs)
-        closers.append(env)
-        check, calibration, kept = rl_checks(config, policy, world_model, judge_model, episodes, device, closers, sim_tasks, Path(out), keyframes)
-        if kept != sim_tasks:  # rl.train_tasks=tracked
-            sim_tasks, instructions = kept, [instruction_of(task) for task in kept]
-        refiner = None
-        if imagined and rl.refine_every > 0:
-            refiner = world_model_refiner(config, world_model, episodes, sim_tasks, out, calibration)
-            if refiner.real_env is not None:  # under torchrun, rank 0's
-                closers.append(refiner.real_env)
-        results = train_watched(policy, env, rl, out, seed=config.seed, tasks=instructions, reality_check=check, refiner=refiner,
-                                progress_bar=progress_bar)
-    finally:
-        for opened in closers:
-            opened.close()
-    return results if distributed.is_main() else None
+    def checks(self, config: Any, policy: Any, world_model: Any, judge: Any, dataset: Any, device: Any, closers: list,
+               tasks: list[str], out: Path, keyframes: str | None = None) -> tuple[Any, Any, list[str]]:  # fmt: skip
+        from worldloop.diagnostics.reality import rl_checks
+
+        return rl_checks(config, policy, world_model, judge, dataset, device, closers, tasks, out, keyframes)
+
+    def monitor(self, rl: RLConfig, out: str | Path, reality_check: Callable[[Any, str], dict[str, Any]] | None) -> RunMonitor:
+        return RunMonitor(rl, out, reality_check)
+

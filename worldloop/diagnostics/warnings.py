@@ -6,8 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from worldloop.rl.rollout import paired_changes
-from worldloop.rl.summary import SOURCES
+from worldloop.rl.summary import SOURCES, paired_changes
 from worldloop.utils.stats import format_kappa, format_paired
 
 

@@ -154,7 +154,19 @@ def evaluate_policy(
         bar.close()
         env.close()
     seconds = time.time() - started
+    results = evaluation_results(policy, config, tasks, jobs, success, lengths, greedy, temperature, seconds, env_steps, world_model)
+    if out is not None:
+        write_results(results, out, {j: (jobs[j], bool(success[j]), clip) for j, clip in videos.items()}, FPS)
+    return results
 
+
+def evaluation_results(policy, config, tasks: Sequence[str], jobs: list[tuple[str, int]], success: np.ndarray, lengths: np.ndarray,
+                       greedy: bool, temperature: float, seconds: float, env_steps: int, world_model: str | Path | None) -> dict[str, Any]:  # fmt: skip
+    """:func:`evaluate_policy`'s results dict from its episodes' outcomes (``jobs``: (task, episode) in run order)."""
+    from worldloop.sims.tasks import instruction
+
+    is_expert = isinstance(policy, str) and policy == EXPERT
+    episodes_per_task = len(jobs) // len(tasks)
     per_task = {}
     for task in tasks:
         rows = [j for j, (t, _) in enumerate(jobs) if t == task]
@@ -184,8 +196,6 @@ def evaluate_policy(
         "sim": dataclasses.asdict(config.sim),
         "observed_through": None if world_model is None else str(world_model),
     }
-    if out is not None:
-        write_results(results, out, {j: (jobs[j], bool(success[j]), clip) for j, clip in videos.items()}, FPS)
     return results
 
 
