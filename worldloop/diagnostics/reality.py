@@ -46,6 +46,7 @@ from worldloop.rl.evaluate import eval_seed
 from worldloop.rl.rollout import Rollout, apply_calibration, autocast, collect, policy_device
 from worldloop.rl.summary import paired_changes
 from worldloop.sims import make_env
+from worldloop.sims.tasks import check_task
 from worldloop.utils import distributed
 from worldloop.utils.io import atomic_write_json, read_json
 from worldloop.utils.stats import agreement_beyond_chance, format_kappa, kappa_above_chance
@@ -93,7 +94,10 @@ def rl_checks(config: Config, policy, world_model, judge, dataset, device, close
     rl = config.rl
     if rl.eval_episodes_per_task == 0:
         return None, None, train_tasks
-    eval_tasks, calibration = list(rl.eval_tasks) or list(train_tasks), None
+    try:  # the simulator's own tasks (a preset's rl.eval_tasks may name another simulator's)
+        eval_tasks, calibration = [check_task(task, config.sim.backend) for task in rl.eval_tasks] or list(train_tasks), None
+    except ValueError as error:
+        raise ConfigError(f"rl.eval_tasks: {error}") from None
     if rl.judge_threshold == "replay":  # on initial states apart from the evaluations', which stay out of sample
         calibration = reality_check(config, eval_tasks, world_model, judge, dataset, device, closers, first_episode=rl.eval_episodes_per_task)
         calibrated = calibrate_threshold(calibration, policy, judge, rl, out / "judge_calibration.json", config.reward.calibrate)

@@ -36,13 +36,13 @@ collection draws its seeds below 2**31, so evaluation stays disjoint from it."""
 
 
 def eval_seed(task: str, episode: int, seed_offset: int = EVAL_SEED_OFFSET) -> int:
-    """Meta-World: the scene seed of ``episode``. LIBERO: the index of the task's fixed initial state, ``episode`` itself
-    (the standard protocol: episodes 0..49 start from the 50 initial states in order)."""
-    from worldloop.sims.tasks import ALL_TASKS, is_libero_task
+    """The initial-state seed of ``episode`` of ``task``, as its simulator's task table says (Meta-World: a scene seed
+    apart for every task and episode; LIBERO: the index of the task's fixed initial state, ``episode`` itself, the
+    standard protocol: episodes 0..49 start from the 50 initial states in order)."""
+    from worldloop.sims.tasks import owner
 
-    if is_libero_task(task):
-        return episode
-    return seed_offset + 1000 * ALL_TASKS.index(task) + episode
+    table, task = owner(task)
+    return table.eval_seed(task, episode, seed_offset)
 
 
 def evaluation_seeds(tasks: Sequence[str], episodes_per_task: int, seed_offset: int = EVAL_SEED_OFFSET) -> list[int]:

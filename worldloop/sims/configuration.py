@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from worldloop.utils.registry import SIMULATORS
 
@@ -15,8 +16,20 @@ LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10")
 """LIBERO's task suites (10 tasks each, 50 fixed initial states per task)."""
 LIBERO_TASKS: dict[str, list[str]] = {suite: [f"{suite}-{index}" for index in range(10)] for suite in LIBERO_SUITES}
 """LIBERO's task names by suite, in the benchmark's order (task order 0)."""
-SUITES = ("mt10", "mt50") + LIBERO_SUITES
-"""Named task suites (Meta-World's task lists come from its registry: worldloop.sims.tasks)."""
+
+
+def task_tables() -> list[tuple[str, Any]]:
+    """(sim.backend name, its task table) of every registered simulator that offers one (its class's ``task_table``:
+    :class:`worldloop.sims.tasks.TaskTable`): Meta-World's first, then the others by name, LIBERO's last (its
+    instructions take LIBERO's import, seconds)."""
+    names = sorted(SIMULATORS.names(), key=lambda name: (name != "metaworld", name == "libero", name))
+    tables = [(name, getattr(SIMULATORS.get(name), "task_table", None)) for name in names]
+    return [(name, table) for name, table in tables if table is not None]
+
+
+def task_table(backend: str) -> Any:
+    """The task table of simulator ``backend`` (a registered name or 'package.module:Class'); None when it offers none."""
+    return getattr(SIMULATORS.get(backend), "task_table", None)
 
 
 @dataclass
@@ -49,32 +62,42 @@ class SimConfig:
             raise ValueError(f"image_size={self.image_size} is not supported; allowed: 64, 128, 256")
         if ":" not in self.backend and self.backend not in SIMULATORS:
             raise ValueError(f"sim.backend '{self.backend}' is unknown; registered: {', '.join(SIMULATORS.names())}; or give 'package.module:Class'")
-        if self.backend == "metaworld" and self.camera not in METAWORLD_CAMERAS:
-            raise ValueError(f"camera='{self.camera}' is not a Meta-World camera; allowed: {', '.join(METAWORLD_CAMERAS)}")
-        if self.backend == "libero" and self.camera not in LIBERO_CAMERAS:
-            raise ValueError(f"camera='{self.camera}' is not a LIBERO camera; allowed: {', '.join(LIBERO_CAMERAS)}")
-        if self.suite.lower() not in SUITES:
-            raise ValueError(f"suite='{self.suite}' is unknown; allowed: {', '.join(SUITES)}")
-        if self.backend in ("metaworld", "libero") and not self.tasks and (self.suite.lower() in LIBERO_SUITES) != (self.backend == "libero"):
-            raise ValueError(f"suite='{self.suite}' is not a suite of sim.backend='{self.backend}'")
-        if self.backend in ("metaworld", "libero") and any(str(t).startswith("libero") != (self.backend == "libero") for t in self.tasks):
-            raise ValueError(f"sim.tasks {self.tasks} mixes in tasks of another simulator than sim.backend='{self.backend}'")
+        self.check_names()
         if self.chunk_size < 1 or self.max_steps < 0 or self.num_workers < 1 or self.success_hold_steps < 0:
             raise ValueError("chunk_size and num_workers must be >= 1, max_steps and success_hold_steps >= 0")
 
 
+    def check_names(self) -> None:
+        """The camera, suite and tasks against the simulator's own task table (a simulator without one: unchecked)."""
+        table = task_table(self.backend)
+        if table is None:
+            return
+        if table.cameras and self.camera not in table.cameras:
+            raise ValueError(f"camera='{self.camera}' is not a {table.name} camera; allowed: {', '.join(table.cameras)}")
+        known = {suite: name for name, other in task_tables() for suite in other.suites}
+        if self.suite.lower() not in known and self.suite.lower() not in table.suites:
+            raise ValueError(f"suite='{self.suite}' is unknown; allowed: {', '.join([*known, *(s for s in table.suites if s not in known)])}")
+        if not self.tasks and self.suite.lower() not in table.suites:
+            raise ValueError(f"suite='{self.suite}' is not a suite of sim.backend='{self.backend}'")
+        others = [other for name, other in task_tables() if other is not table]
+        if any(table.canonical(str(t)) is None and any(other.canonical(str(t)) for other in others) for t in self.tasks):
+            raise ValueError(f"sim.tasks {self.tasks} mixes in tasks of another simulator than sim.backend='{self.backend}'")
+
+
 def use_suite(sim_config: SimConfig, suite: str) -> None:
-    """Point ``sim_config`` at ``suite`` (clearing sim.tasks), switching sim.backend to the suite's simulator and, when
-    sim.camera is not one of that simulator's, to its default camera (LIBERO: agentview; Meta-World: corner)."""
-    if suite.lower() not in SUITES:
-        raise ValueError(f"suite '{suite}' is unknown; allowed: {', '.join(SUITES)}")
+    """Point ``sim_config`` at ``suite`` (clearing sim.tasks), switching sim.backend to the registered simulator whose
+    suite it is and, when sim.camera is not one of that simulator's, to its first camera (LIBERO: agentview;
+    Meta-World: corner). A backend given as 'package.module:Class' keeps itself."""
+    owners = {name: table for name, table in task_tables() if suite.lower() in table.suites}
+    if not owners and not (":" in sim_config.backend and suite.lower() in getattr(task_table(sim_config.backend), "suites", {})):
+        known = [s for _, table in task_tables() for s in table.suites]
+        raise ValueError(f"suite '{suite}' is unknown; allowed: {', '.join(known)}")
     sim_config.suite, sim_config.tasks = suite.lower(), []
-    libero = sim_config.suite in LIBERO_SUITES
-    if sim_config.backend in ("metaworld", "libero"):
-        sim_config.backend = "libero" if libero else "metaworld"
-        cameras = LIBERO_CAMERAS if libero else METAWORLD_CAMERAS
-        if sim_config.camera not in cameras:
-            sim_config.camera = cameras[0] if libero else "corner"
+    if sim_config.backend in SIMULATORS and owners and sim_config.backend not in owners:
+        sim_config.backend = next(iter(owners))
+    cameras = getattr(task_table(sim_config.backend), "cameras", ())
+    if cameras and sim_config.camera not in cameras:
+        sim_config.camera = cameras[0]
 
 
 @dataclass

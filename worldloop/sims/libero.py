@@ -36,7 +36,7 @@ from worldloop.sims.configuration import LIBERO_CAMERAS
 from worldloop.sims.experts import ExpertPlan, ScriptedExpert
 from worldloop.sims.metaworld import MetaWorldVecEnv
 from worldloop.sims.libero_setup import _benchmark, libero_instruction, prepare_libero, split_task
-from worldloop.sims.tasks import LIBERO_TASKS, check_task, is_libero_task
+from worldloop.sims.tasks import LIBERO_TASK_TABLE, LIBERO_TASKS, check_task, is_libero_task
 from worldloop.sims.worker import SimWorker
 from worldloop.utils.gl import RenderingUnavailable
 
@@ -162,6 +162,7 @@ class LiberoVecEnv(MetaWorldVecEnv):
     state_dim = STATE_DIM
     worker_class = LiberoWorker
     cameras = LIBERO_CAMERAS
+    task_table = LIBERO_TASK_TABLE
     simulator = "LIBERO"
 
     def __init__(self, sim_config, num_envs: int, tasks=None, render: bool = True):

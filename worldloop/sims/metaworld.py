@@ -24,7 +24,7 @@ import torch
 
 from worldloop.envs.protocol import REWARD_SCALE, EnvReset, EnvStep, check_actions
 from worldloop.sims.experts import ExpertPlan
-from worldloop.sims.tasks import ALL_TASKS, check_task, instruction, resolve_tasks
+from worldloop.sims.tasks import ALL_TASKS, METAWORLD_TASKS, check_task, instruction, resolve_tasks
 from worldloop.sims.configuration import METAWORLD_CAMERAS
 from worldloop.sims.worker import ACTION_DIM, DEFAULT_MAX_STEPS, STATE_DIM, SimWorker, worker_main
 from worldloop.utils.gl import RenderingUnavailable
@@ -40,6 +40,7 @@ class MetaWorldVecEnv:
     state_dim = STATE_DIM
     worker_class: type = SimWorker
     cameras = METAWORLD_CAMERAS
+    task_table = METAWORLD_TASKS
     simulator = "Meta-World"
 
     def check_task(self, name: str) -> str:
