@@ -77,9 +77,9 @@ def published_name(key: str) -> str:
 def write_tiny_checkpoint(folder: str | Path, seed: int = 0, proprio_dim: int = 0, **worldloop) -> Path:
     """Write the folder: config.json, 2 shards + index, dataset_statistics.json, the L1 head (and, with
     ``proprio_dim``, the proprio projector) as DDP-prefixed torch.save state dicts, and a tokenizer."""
-    from worldloop.policies.configuration_openvla_oft import ActionStatistics, OpenVLAOFTConfig
-    from worldloop.policies.modeling_openvla_oft import OpenVLAOFT
-    from worldloop.policies.processing_openvla_oft import load_tokenizer
+    from worldloop.policies.openvla_oft.configuration import ActionStatistics, OpenVLAOFTConfig
+    from worldloop.policies.openvla_oft.modeling import OpenVLAOFT
+    from worldloop.policies.openvla_oft.processing import load_tokenizer
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

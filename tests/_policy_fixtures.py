@@ -57,7 +57,7 @@ def synthetic_episodes(count: int, seed: int = 0, length: int = 12) -> list[Epis
 
 
 def tiny_policy(config=None, action_dim: int = 4, value_head: bool = False):
-    from worldloop.policies.modeling_vla import CompactVLA
+    from worldloop.policies.compact_vla.modeling import CompactVLA
     from worldloop.policies.tokenizer import ActionTokenizer
 
     config = config or tiny_config()

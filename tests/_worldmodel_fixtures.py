@@ -40,7 +40,7 @@ def tiny_vae():
 
     from worldloop.worldmodel import vae as vae_lib
     from worldloop.worldmodel.configuration import VAEConfig
-    from worldloop.worldmodel.train import latent_statistics
+    from worldloop.worldmodel.train_vae import latent_statistics
 
     torch.manual_seed(0)
     model = vae_lib.build_vae(VAEConfig()).eval()

@@ -112,7 +112,7 @@ def assert_same_gradients(steps, reference, rtol: float) -> None:
 def _world_model_step(out: Path):
     from _worldmodel_fixtures import square_episodes, tiny_vae
     from worldloop.worldmodel.configuration import WorldModelConfig
-    from worldloop.worldmodel.train import train_world_model
+    from worldloop.worldmodel.train_dit import train_world_model
 
     config = WorldModelConfig(steps=1, batch_size=4, lr=1e-2, checkpoint_every=1000, sampling_steps=2,
                               clip_stride=4)  # fmt: skip
@@ -174,7 +174,7 @@ def test_sft_on_two_ranks_resumes_and_matches_one_process(tmp_path):
 def _oft_sft(out: Path, checkpoint: Path, dataset: Path):
     """3 SFT steps of the tiny OpenVLA-OFT checkpoint (LoRA and heads) on a global batch of 4."""
     from worldloop.config import load_config
-    from worldloop.policies.sft_openvla_oft import finetune_openvla_oft
+    from worldloop.policies.openvla_oft.sft import finetune_openvla_oft
 
     config = load_config("micro", ["sft.steps=3", "sft.batch_size=4", "sft.lr=0.001"])
     (results, counts), gradients = _recording_gradients(_counting_writes, finetune_openvla_oft, config,

@@ -22,7 +22,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "worldloop"
 
 LAYERS = [
     ("utils", r"utils(\..*)?"),
-    ("config schema", r"config(_migrations)?|\w+\.configuration|envs\.protocol|policies\.protocol"),
+    ("config schema", r"config(_migrations)?|(\w+\.)+configuration|envs\.protocol|policies\.protocol"),
     ("sims/data", r"(sims|data)(\..*)?"),
     ("policies/worldmodel/rewards", r"(policies|worldmodel|rewards)(\..*)?"),
     ("envs", r"envs(\..*)?"),

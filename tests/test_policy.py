@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from _policy_fixtures import CLOSE, IMAGE, OPEN, images, tiny_config, tiny_policy
-from worldloop.policies.modeling_vla import CompactVLA
+from worldloop.policies.compact_vla.modeling import CompactVLA
 from worldloop.policies.tokenizer import ActionTokenizer
 
 

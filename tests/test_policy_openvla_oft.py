@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from _oft_fixtures import ACTION_DIM, CHUNK, FRAME, Q01, Q99, SUITE, write_tiny_checkpoint
 from worldloop.policies import load_policy
-from worldloop.policies.modeling_openvla_oft import OpenVLAOFT
+from worldloop.policies.openvla_oft.modeling import OpenVLAOFT
 
 INSTRUCTIONS = ["reach the goal position", "push the puck to a goal", "press the button top down"]  # prompts of three lengths
 
@@ -256,7 +256,7 @@ def test_sft_fine_tunes_a_checkpoint_to_the_datasets_action_space(checkpoint, ti
 
 
 def test_another_action_dimension_gets_a_fresh_l1_head(policy):
-    from worldloop.policies.configuration_openvla_oft import ActionStatistics
+    from worldloop.policies.openvla_oft.configuration import ActionStatistics
 
     seven = ActionStatistics(-torch.ones(7), torch.ones(7), torch.ones(7, dtype=torch.bool), "libero_like")
     policy.use_statistics(seven)
@@ -269,7 +269,7 @@ def test_a_published_text_config_lists_only_what_differs_from_llama2_7b():
     """Hugging Face writes a config's differences from LlamaConfig's defaults: openvla-7b's text_config holds
     little more than the padded vocabulary; the rest is Llama-2 7B."""
     from _oft_fixtures import raw_config
-    from worldloop.policies.configuration_openvla_oft import OpenVLAOFTConfig
+    from worldloop.policies.openvla_oft.configuration import OpenVLAOFTConfig
 
     raw = raw_config()
     raw["text_config"] = {"model_type": "llama", "pad_token_id": 32000, "torch_dtype": "bfloat16", "vocab_size": 32064}

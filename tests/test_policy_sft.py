@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from _policy_fixtures import CLOSE, OPEN, IMAGE, images, synthetic_episodes, tiny_config
-from worldloop.policies.modeling_vla import CompactVLA
+from worldloop.policies.compact_vla.modeling import CompactVLA
 from worldloop.policies.sft import (
     Samples,
     action_chunks,

@@ -97,7 +97,7 @@ def test_a_users_classes_plug_in_by_a_registered_name(tmp_path, plugins, monkeyp
 
 
 def test_the_built_in_names_resolve_and_unknown_ones_say_what_is_known(tmp_path):
-    from worldloop.policies.modeling_vla import CompactVLA
+    from worldloop.policies.compact_vla.modeling import CompactVLA
     from worldloop.rewards.classifier import SuccessClassifier
     from worldloop.sims.metaworld import MetaWorldVecEnv
 

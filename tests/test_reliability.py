@@ -381,8 +381,8 @@ def test_a_killed_loop_leaves_no_live_stage(tmp_path):
     for sig in (signal.SIGKILL, signal.SIGTERM):
         out = tmp_path / f"stage-{sig.name}"
         loop = start([sys.executable, "-c", LOOP_STAGE_SCRIPT, "collect", "--out", str(out), "--episodes-per-task", "50", "--no-progress",
-                      *TINY_OVERRIDES, "collect.num_envs=1"], tmp_path / "loop.log")  # fmt: skip
-        wait_for(lambda: (out / "run.json").is_file() and len(descendants(loop.pid)) >= 2, loop)  # the stage and its simulator worker
+                      *TINY_OVERRIDES, "collect.num_envs=2", "sim.num_workers=2"], tmp_path / "loop.log")  # fmt: skip
+        wait_for(lambda: (out / "run.json").is_file() and len(descendants(loop.pid)) >= 3, loop)  # the stage and its two simulator workers
         tree = descendants(loop.pid)
         loop.send_signal(sig)
         loop.wait()

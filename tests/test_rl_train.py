@@ -225,8 +225,8 @@ def overfit_compact_vla(steps: int = 250) -> torch.nn.Module:
     policy (confident, and unsure nowhere else): cross-entropy to the straight move towards the target."""
     from worldloop.envs.toy import TARGETS, render
     from worldloop.envs.toy import instruction as toy_instruction
-    from worldloop.policies.configuration import PolicyConfig
-    from worldloop.policies.modeling_vla import CompactVLA
+    from worldloop.policies.compact_vla.configuration import PolicyConfig
+    from worldloop.policies.compact_vla.modeling import CompactVLA
     from worldloop.policies.sft import warmup_cosine
     from worldloop.policies.tokenizer import ActionTokenizer
 

@@ -97,7 +97,7 @@ def test_a_users_simulator_supplies_its_tasks_and_runs_collect_eval_and_rl(line_
     from worldloop.sims.tasks import check_task, instruction, resolve_tasks, sim_tasks
     from worldloop.rl.evaluate import eval_seed
     from _policy_fixtures import TINY
-    from worldloop.policies.modeling_vla import CompactVLA
+    from worldloop.policies.compact_vla.modeling import CompactVLA
     from worldloop.policies.tokenizer import ActionTokenizer
 
     sim = ["sim.backend=line", "sim.suite=line", "sim.max_steps=32", "sim.chunk_size=8", "sim.image_size=64"]

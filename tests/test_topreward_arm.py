@@ -26,7 +26,7 @@ OVERRIDES = [*TINY, "loop.pace=false", "loop.eval_episodes_per_task=1", "loop.ba
 
 def random_base(config, folder):
     """A random CompactVLA for the preset's tasks and a random world model at the simulator's frame size."""
-    from worldloop.policies.modeling_vla import CompactVLA
+    from worldloop.policies.compact_vla.modeling import CompactVLA
     from worldloop.policies.tokenizer import ActionTokenizer
     from worldloop.sims.tasks import INSTRUCTIONS
     from worldloop.worldmodel import vae as vae_lib

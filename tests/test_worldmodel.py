@@ -278,7 +278,7 @@ def test_context_channels_keep_a_static_scene_in_fewer_steps():
 
 
 def test_context_channels_are_saved_with_the_model_and_an_init_must_match(tmp_path):
-    from worldloop.worldmodel.train import train_world_model
+    from worldloop.worldmodel.train_dit import train_world_model
 
     torch.manual_seed(0)
     vae = vae_lib.build_vae(VAEConfig())

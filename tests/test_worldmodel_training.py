@@ -18,7 +18,8 @@ from worldloop.worldmodel import vae as vae_lib
 from worldloop.worldmodel.configuration import VAEConfig, WorldModelConfig
 from worldloop.worldmodel.evaluate import evaluate_world_model, paired_change
 from worldloop.worldmodel.rollout import sample_future
-from worldloop.worldmodel.train import steps_trained, train_vae, train_world_model
+from worldloop.worldmodel.train_dit import steps_trained, train_world_model
+from worldloop.worldmodel.train_vae import train_vae
 
 CPU = torch.device("cpu")
 
@@ -59,7 +60,7 @@ def test_action_conditioning_is_learned(vae, tmp_path, monkeypatch):
     explain the future better than the opposite ones."""
     generator = torch.Generator().manual_seed(0)
     clips, _ = bump_clips(512, generator)
-    monkeypatch.setattr("worldloop.worldmodel.train.CONTEXT_NOISE", 0.0)  # clean context: the actions alone explain the motion
+    monkeypatch.setattr("worldloop.worldmodel.flow_matching.CONTEXT_NOISE", 0.0)  # clean context: the actions alone explain the motion
     config = fast_config(steps=600, batch_size=32, lr=3e-3, ema_decay=0.9, shift=1.0, sampling_steps=5)
     model = train_world_model(config, [], vae, tmp_path / "wm", CPU, clips=clips)
     context = clips["latents"][:4, :, :2]
@@ -99,7 +100,7 @@ def test_resume_is_exact_and_resolution_is_checked(vae, tmp_path):
 def test_self_forcing_trains_on_the_models_own_memory(vae, tmp_path):
     """Self-forcing starts at SELF_FORCING_AFTER of the budget (3 of 10 steps) and only touches clips that have a
     predecessor one chunk earlier; ready-made clips without that link are refused by name."""
-    from worldloop.worldmodel.train import SELF_FORCING_AFTER
+    from worldloop.worldmodel.train_dit import SELF_FORCING_AFTER
 
     episodes = square_episodes(3, seed=4, length=32)
     assert SELF_FORCING_AFTER == 0.3
@@ -114,7 +115,7 @@ def test_self_forcing_trains_on_the_models_own_memory(vae, tmp_path):
 def test_self_forced_memory_is_sampled_from_the_clip_one_chunk_earlier(vae, tmp_path, monkeypatch):
     """A self-forced memory is one sample from the real context of the clip one chunk earlier, driven by that
     clip's actions: what a rollout's second chunk sees."""
-    from worldloop.worldmodel import train as train_lib
+    from worldloop.worldmodel import train_dit as train_lib
 
     # A fake sampler that adds its clip's marker action to the memory, so a result names its whole path.
     monkeypatch.setattr(train_lib, "sample_future", lambda dit, context, actions, noise, sigmas: (context[:, :, 1:] + actions[:, 5, 0].view(-1, 1, 1, 1, 1)).expand(-1, -1, 2, -1, -1))
@@ -174,7 +175,7 @@ def test_train_vae_continues_from_an_earlier_vae_with_init(tmp_path, monkeypatch
 
 def skip_vae_measurements(monkeypatch):
     """train_vae's latent statistics and held-out metrics, replaced by constants (tests that only look at weights)."""
-    from worldloop.worldmodel import train as train_lib
+    from worldloop.worldmodel import train_vae as train_lib
 
     monkeypatch.setattr(train_lib, "latent_statistics", lambda vae, *a, **k: ([0.0] * vae.config.z_dim, [1.0] * vae.config.z_dim))
     monkeypatch.setattr(train_lib, "reconstruction_metrics", lambda *a, **k: {"psnr": 0.0, "ssim": 0.0})
@@ -199,7 +200,7 @@ def test_train_vae_resumes_exactly_from_a_checkpoint(tmp_path, monkeypatch):
 def test_bench_vae_train_times_the_real_training_loop(tmp_path, monkeypatch):
     """`bench vae-train` runs train_vae itself: a warm-up, then a long and a short run; FLOPs counted, no peak on a CPU."""
     from worldloop.cli import main
-    from worldloop.worldmodel import train as train_lib
+    from worldloop.worldmodel import train_vae as train_lib
 
     calls, real = [], train_lib.train_vae
 
@@ -221,7 +222,7 @@ def test_bench_vae_train_times_the_real_training_loop(tmp_path, monkeypatch):
 def test_a_compiled_vae_forward_trains_the_same_weights(tmp_path, monkeypatch):
     """train_vae(compile_forward=True) steps through torch.compile(vae_forward); the forward it compiles is the eager
     one, so (here with compilation replaced by the function itself) the weights come out the same."""
-    from worldloop.worldmodel import train as train_lib
+    from worldloop.worldmodel import train_vae as train_lib
 
     skip_vae_measurements(monkeypatch)
     compiled = []
@@ -454,7 +455,7 @@ def test_action_delta_psnr_tells_a_model_that_follows_actions_from_one_that_igno
 
 
 def test_time_limited_budget_warms_up_decays_and_counts_resumed_seconds(monkeypatch):
-    from worldloop.worldmodel import train as train_lib
+    from worldloop.worldmodel import training as train_lib
 
     now = [1000.0]
     monkeypatch.setattr(train_lib.time, "time", lambda: now[0])
@@ -483,7 +484,7 @@ def test_time_limited_budget_warms_up_decays_and_counts_resumed_seconds(monkeypa
 def test_bench_wm_train_times_the_real_training_loop(tmp_path, monkeypatch, capsys):
     """`bench wm-train` runs train_world_model itself: a warm-up, then per setting a long and a short run."""
     from worldloop.cli import main
-    from worldloop.worldmodel import train as train_lib
+    from worldloop.worldmodel import train_dit as train_lib
 
     calls, real = [], train_lib.train_world_model
 
@@ -512,7 +513,7 @@ def test_busy_time_is_the_union_of_kernel_intervals():
 def test_frame_store_draws_clips_of_consecutive_frames_and_holds_a_short_episodes_last():
     from types import SimpleNamespace
 
-    from worldloop.worldmodel.train import FrameStore
+    from worldloop.worldmodel.train_vae import FrameStore
 
     # frame value = 100 * episode + index: a clip's frames say where they came from
     episodes = [SimpleNamespace(frames=torch.full((n, 2, 2, 3), 0, dtype=torch.uint8) + (100 * e + torch.arange(n, dtype=torch.uint8)).view(-1, 1, 1, 1))
@@ -527,7 +528,7 @@ def test_frame_store_draws_clips_of_consecutive_frames_and_holds_a_short_episode
 
 def test_self_forcing_samples_in_sampling_steps(vae, tmp_path, monkeypatch):
     """The self-forced memory is sampled as a rollout samples it: in world_model.sampling_steps Euler steps."""
-    from worldloop.worldmodel import train as train_lib
+    from worldloop.worldmodel import train_dit as train_lib
 
     episodes, real = square_episodes(2, seed=2, length=24), train_lib.sample_future
     for steps in (1, 3):

@@ -20,7 +20,9 @@ from torch.profiler import profile, ProfilerActivity
 
 from worldloop.config import load_config
 from worldloop.worldmodel import vae as vae_lib
-from worldloop.worldmodel.train import flow_matching_loss, ema_step, self_forced_memory
+from worldloop.worldmodel.flow_matching import flow_matching_loss
+from worldloop.worldmodel.train_dit import self_forced_memory
+from worldloop.worldmodel.training import ema_step
 from worldloop.worldmodel.rollout import WorldModel, autocast
 
 dev = torch.device("cuda")

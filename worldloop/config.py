@@ -30,7 +30,8 @@ import yaml
 
 from worldloop.config_migrations import RETIRED, old_key_error, retired_as_fixed, upgraded
 from worldloop.data.configuration import CollectConfig
-from worldloop.policies.configuration import EvalConfig, PolicyConfig, SFTConfig
+from worldloop.policies.compact_vla.configuration import PolicyConfig
+from worldloop.policies.configuration import EvalConfig, SFTConfig
 from worldloop.rewards.configuration import RewardConfig
 from worldloop.rl.configuration import RLConfig
 from worldloop.sims.configuration import ExpertConfig, SimConfig

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from worldloop.commands.shared import load_world_model
     from worldloop.utils.device import resolve_device
     from worldloop.worldmodel.evaluate import describe, evaluate_world_model
-    from worldloop.worldmodel.train import load_split
+    from worldloop.worldmodel.training import load_split
 
     save_config(config, args.out)
     wm_config = config.world_model

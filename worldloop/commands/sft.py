@@ -34,7 +34,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
     if args.policy:
         from worldloop.config import ConfigError
-        from worldloop.policies.sft_openvla_oft import finetune_openvla_oft
+        from worldloop.policies.openvla_oft.sft import finetune_openvla_oft
 
         if args.world_model:
             raise ConfigError("--world-model (codec augmentation and agreement) is for the compact VLA; sft --policy does not use it")

@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, config: Config) -> int:
     from worldloop.utils import distributed
     from worldloop.utils.device import resolve_device
-    from worldloop.worldmodel.train import load_split, train_vae
+    from worldloop.worldmodel.train_vae import train_vae
+    from worldloop.worldmodel.training import load_split
 
     if distributed.is_main():
         save_config(config, args.out)

@@ -30,7 +30,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from worldloop.utils import distributed
     from worldloop.utils.device import resolve_device
     from worldloop.utils.io import read_json
-    from worldloop.worldmodel.train import load_split, steps_trained, train_world_model
+    from worldloop.worldmodel.train_dit import steps_trained, train_world_model
+    from worldloop.worldmodel.training import load_split
     from worldloop.worldmodel.rollout import WorldModel
     from worldloop.worldmodel.vae import check_frames, load_vae
 

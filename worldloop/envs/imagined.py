@@ -16,38 +16,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 
 from worldloop.envs.judging import ChunkVerdicts
 from worldloop.envs.protocol import REWARD_SCALE, EnvReset, EnvStep, check_actions
+from worldloop.rewards.protocol import Judge
+from worldloop.worldmodel.protocol import WorldModelLike
 
 MEMORY_FRAMES = 4
 """Frames of memory the world model's context holds after the anchor: [o_0, last 4 frames]."""
-
-
-class WorldModelLike(Protocol):
-    image_size: int
-    chunk_size: int
-    action_dim: int
-
-    def reset(
-        self, first_frames: torch.Tensor, memory_frames: torch.Tensor | None = None, seeds: Sequence[int] | None = None, memory_actions: torch.Tensor | None = None
-    ) -> None: ...
-
-    def step(self, action_chunks: torch.Tensor) -> torch.Tensor: ...
-
-
-class JudgeLike(Protocol):  # worldloop.rewards.protocol.Judge, as far as the environment uses it
-    window: int
-    threshold: float
-    task_thresholds: dict[str, float]
-
-    def score(self, windows: torch.Tensor, instructions: list[str]) -> torch.Tensor: ...
-
-    def probability(self, scores: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass
@@ -128,7 +108,7 @@ class ImaginedEnv:
     def __init__(
         self,
         world_model: WorldModelLike,
-        judge: JudgeLike,
+        judge: Judge,
         initial_states: InitialStates,
         num_envs: int,
         group_size: int = 8,

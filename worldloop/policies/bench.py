@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from worldloop.policies.modeling_vla import CompactVLA
+from worldloop.policies.compact_vla.modeling import CompactVLA
 from worldloop.policies.sft import _autocast
 from worldloop.policies.tokenizer import NUM_BINS, ActionTokenizer
 from worldloop.utils.device import resolve_device

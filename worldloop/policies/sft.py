@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from worldloop.policies.modeling_vla import CompactVLA
+from worldloop.policies.compact_vla.modeling import CompactVLA
 from worldloop.policies.tokenizer import ActionTokenizer
 from worldloop.worldmodel.vae import reconstruct, world_model_vae
 

@@ -40,7 +40,7 @@ def run_rl(config: Any, policy: Any, out: str | Path, imagined: bool, world_mode
     (simulator task -> threshold, a fidelity gate's): the judge's own threshold for those tasks. ``watch`` None: no
     checks and no monitor. Closes every environment it opens; returns the results on rank 0, None on the others."""
     from worldloop.data.dataset import TrajectoryDataset
-    from worldloop.policies.modeling_vla import with_value_head
+    from worldloop.policies.compact_vla.modeling import with_value_head
     from worldloop.rl.envs import instruction_of, load_rl_judge, training_env
     from worldloop.rl.refine import world_model_refiner
     from worldloop.rl.trainer import train

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from worldloop.policies.configuration_openvla_oft import ActionStatistics, OpenVLAOFTConfig, seven_b_config
+from worldloop.policies.openvla_oft.configuration import ActionStatistics, OpenVLAOFTConfig, seven_b_config
 from worldloop.utils.device import autocast_dtype, resolve_device
 from worldloop.utils.io import atomic_write_text
 from worldloop.utils.timing import seconds_per_call, synchronize
@@ -52,7 +52,7 @@ def synthetic_tokenizer(vocab_size: int):
 
 
 def build(config: OpenVLAOFTConfig, device: torch.device):
-    from worldloop.policies.modeling_openvla_oft import OpenVLAOFT
+    from worldloop.policies.openvla_oft.modeling import OpenVLAOFT
 
     statistics = ActionStatistics(-torch.ones(ACTION_DIM), torch.ones(ACTION_DIM), torch.ones(ACTION_DIM, dtype=torch.bool), "bench")
     with torch.device(device):

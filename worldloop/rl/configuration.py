@@ -128,7 +128,8 @@ class RLConfig:
     refine_every: int = 0
     """PACE within one run: every this many iterations the policy runs rl.refine_episodes_per_task real episodes
     per training task (sampled at rl.train_temperature, initial states apart from the evaluations'), and the
-    world model's DiT trains rl.refine_steps steps on them, half of each batch (the other half: the dataset's
+    world model (the built-in one: its DiT; one of your own: through its refine_* methods, worldloop.worldmodel.protocol.WorldModelLike)
+    trains rl.refine_steps steps on them, half of each batch (the other half: the dataset's
     training episodes of those tasks), so that it learns what the evolved policy's actions really do before RL
     exploits what it renders wrongly (the 2026-12-02 replay-calibrated-judge run: replay kappa 0.50 -> -0.20 on door-open
     while real success fell; worldloop/rl/refine.py). It spends real episodes; OUT/refine keeps their clips, OUT/world_model the refined world model.
@@ -137,8 +138,8 @@ class RLConfig:
     """Real episodes per training task in each refinement round; the loop's PACE stage (loop.pace) collects as many
     real rollouts of the stage-1 policy per task for WM Evo."""
     refine_steps: int = 200
-    """DiT optimizer steps per refinement round (batches of world_model.batch_size clips); the loop's WM Evo trains as
-    many steps of train-wm on from WM Base."""
+    """World-model optimizer steps per refinement round (batches of world_model.batch_size examples: the built-in's clips);
+    the loop's WM Evo trains as many steps of train-wm on from WM Base."""
     time_limit_min: float = 0.0
     """Wall-clock budget of a run in minutes, its first and final evaluations included: the current iteration is
     the last (final evaluation, checkpoint and policy as usual) once another one, as slow as the slowest so far, and

@@ -9,13 +9,19 @@ does it every ``rl.refine_every`` iterations of one run:
 
 1. the policy runs ``rl.refine_episodes_per_task`` real episodes per training task, sampled at the
    training temperature (the actions RL is exploring), from initial states apart from the evaluations';
-2. their clips are encoded with the world model's VAE, as ``train-wm`` encodes a dataset's, and kept
+2. the world model makes its training examples of them (``refine_examples``: the built-in one encodes their
+   clips with its VAE, as ``train-wm`` encodes a dataset's), which are kept
    (``OUT/refine/round_<iteration>.safetensors``, so a resumed run rebuilds the same buffer);
-3. the DiT (an fp32 copy: the inference copy is bf16 on the GPU, too coarse for small steps) takes
-   ``rl.refine_steps`` AdamW steps of its own flow-matching loss on batches drawn half from every round's
-   rollouts so far, half from the dataset's training episodes of the same tasks (what it knew, so that it
-   does not forget the scenes); an exponential moving average of its weights (``REFINE_EMA_DECAY``, as
-   ``train-wm`` samples from its EMA) replaces the imagined environment's DiT.
+3. the world model takes ``rl.refine_steps`` optimizer steps (``refine_step``) on batches drawn half from every
+   round's examples so far, half from those of the dataset's training episodes of the same tasks (what it knew,
+   so that it does not forget the scenes), and imagination goes on in the refined model (``use_refined``). The
+   built-in one steps an fp32 copy of its DiT (the inference copy is bf16 on the GPU, too coarse for small steps)
+   with AdamW on its own flow-matching loss, and imagines with an exponential moving average of its weights
+   (``REFINE_EMA_DECAY``, as ``train-wm`` samples from its EMA).
+
+The refiner calls the world model only through the refinement methods of its protocol
+(:class:`worldloop.worldmodel.protocol.WorldModelLike`), so a world model of the user's own is refined as the built-in
+one is.
 
 With ``rl.judge_threshold=replay``, the judge's threshold is then chosen again on the calibration's real
 episodes replayed in the refined world model (``judge_check``): calibrated on the unrefined model, it no
@@ -23,20 +29,18 @@ longer fits what the refined one renders (the 2026-12-02 refinement-ab run: 0.99
 replays of drawer-open judged 0.00 where reality said 0.44).
 
 Each round reports the real success of the rollouts (the training policy, in reality) and the loss of the
-DiT in use (the EMA) on the new clips before and after the round, on the same noise: how surprised it was by
-the policy, and how much the round taught it.
+world model in use (``refine_loss``; the built-in's EMA) on the new examples before and after the round, on the
+same noise: how surprised it was by the policy, and how much the round taught it.
 
 Under torchrun, rank 0 alone collects the real rollouts and trains (steps 1 to 3: it alone has the refinement's
-simulator); then its refined weights' average goes to every rank's imagined environment
+simulator); then its refined weights go to every rank's imagined environment
 (:func:`worldloop.utils.distributed.broadcast_parameters`), and every rank replays its share of the calibration's
 episodes for the judge's new threshold, which all choose alike (:meth:`RealityCheck.recalibrate_judge`). The other
-ranks wait for the round; each holds the fp32 copy and average of the DiT that a checkpoint restores.
+ranks wait for the round; each holds the refinement's state that a checkpoint restores.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +50,7 @@ import numpy as np
 import torch
 
 from worldloop.data.dataset import split_episodes
+from worldloop.worldmodel.protocol import WorldModelLike
 from worldloop.envs.protocol import EnvReset, VecEnv
 from worldloop.rewards.configuration import CalibrateConfig
 from worldloop.rl.configuration import RLConfig
@@ -56,16 +61,15 @@ from worldloop.sims.tasks import instruction
 from worldloop.utils import distributed
 from worldloop.utils.io import atomic_write_json, read_json
 from worldloop.worldmodel.configuration import WorldModelConfig
-from worldloop.worldmodel.train import GRAD_CLIP, WEIGHT_DECAY
 
 REFINE = "refine"
 MAX_DATASET_EPISODES_PER_TASK = 50  # the "what it knew" half: enough scenes per task, a bounded encoding cost
 REFINE_LR = 1e-4
 """AdamW learning rate of the refinement (constant; train-wm's schedule ends at 10 % of world_model.lr)."""
 REFINE_EMA_DECAY = 0.99
-"""Decay per refinement step of the moving average of the refined DiT that the imagined environment samples from
-and OUT/world_model keeps: ~100 of a round's steps. The raw weights of the last step (0) turned the 2026-12-02
-refinement-ab run's imagination pessimistic."""
+"""Decay per refinement step of the moving average of the refined weights that the imagined environment samples from
+and OUT/world_model keeps (for a world model that keeps one, as the built-in does): ~100 of a round's steps. The raw
+weights of the last step (0) turned the 2026-12-02 refinement-ab run's imagination pessimistic."""
 
 
 @dataclass
@@ -96,13 +100,15 @@ def refine_seed(task_position: int, episode: int, seed_offset: int) -> int:
 
 class WorldModelRefiner:
     """``refiner(policy, iteration)`` runs one refinement round and returns its metrics; ``modules`` and
-    ``stateful`` go into RL's checkpoints, ``restore(iteration)`` rebuilds the state a resumed run had, and
-    ``save(folder)`` writes the refined world model at the end. Under torchrun every rank calls it; ``real_env`` is
-    None on the ranks other than 0, which receive the refined weights."""
+    ``stateful`` (the world model's refinement state) go into RL's checkpoints, ``restore(iteration)`` rebuilds the
+    state a resumed run had, and ``save(folder)`` writes the refined world model at the end. Under torchrun every rank
+    calls it; ``real_env`` is None on the ranks other than 0, which receive the refined weights. ``world_model``: any
+    :class:`~worldloop.worldmodel.protocol.WorldModelLike` with its refinement methods; ``world_model_config``: the run's
+    world_model settings (its batch_size: the examples per step)."""
 
     def __init__(
         self,
-        world_model: Any,
+        world_model: WorldModelLike,
         real_env: VecEnv | None,
         tasks: Sequence[str],
         dataset_episodes: Iterable[Any],
@@ -124,24 +130,19 @@ class WorldModelRefiner:
         self.calibrate = calibrate or CalibrateConfig()  # reward.calibrate: how a recalibration chooses the judge's threshold
         self.dataset_episodes = dataset_episodes  # read at the first round (not at start-up), then released
         self.out, self.seed, self.seed_offset = Path(out) / REFINE, seed, seed_offset
-        # the clips as the world model was trained on them (its chunk travels with it)
-        self.clip_config = dataclasses.replace(world_model_config, chunk_size=int(world_model.spec["chunk_size"]))
-        self.device, self.ema_decay = world_model.device, ema_decay
-        self.master = copy.deepcopy(world_model.dit).float().eval()
-        self.ema = copy.deepcopy(self.master).requires_grad_(False)  # what the imagined environment samples from
-        self.optimizer = torch.optim.AdamW(self.master.parameters(), lr=lr, weight_decay=WEIGHT_DECAY, betas=(0.9, 0.99))
-        self.modules = {"world_model": self.master, "world_model_ema": self.ema}
-        self.stateful = {"world_model_optimizer": self.optimizer}
-        self.rounds: list[dict[str, torch.Tensor]] = []  # every round's clips: latents (M, C, 4, h, w), actions (M, 13, A) raw
-        self.known: tuple[torch.Tensor, torch.Tensor] | None = None  # the dataset's clips of the training tasks, encoded once, on the device
+        self.device, self.batch_size = world_model.device, world_model_config.batch_size
+        self.state = world_model.start_refinement(world_model_config, lr, ema_decay)  # the weights and optimizer refinement trains
+        self.modules, self.stateful = self.state.modules, self.state.stateful
+        self.rounds: list[dict[str, torch.Tensor]] = []  # every round's examples (the built-in's: latents (M, C, 4, h, w), actions (M, 13, A) raw)
+        self.known: dict[str, torch.Tensor] | None = None  # the examples of the dataset's episodes of the training tasks, made once, on the device
         self.judge_check: Any = None  # a RealityCheck whose labelled episodes choose the judge's threshold after each round
 
     def restore(self, iteration: int) -> None:
-        """After loading a checkpoint of ``iteration``: the rounds saved up to it, and the DiT's refined weights in use."""
+        """After loading a checkpoint of ``iteration``: the rounds saved up to it, and the refined weights in use."""
         from safetensors.torch import load_file
 
         self.rounds = [load_file(path) for path in self._saved("round_*.safetensors", iteration)] if distributed.is_main() else []  # rank 0 trains on them
-        self._publish()
+        self.world_model.use_refined(self.state)
         thresholds = self._saved("judge_*.json", iteration)
         if self.judge_check is not None and thresholds:
             apply_calibration(self.judge_check.imagined_env.judge, read_json(thresholds[-1]))
@@ -151,26 +152,26 @@ class WorldModelRefiner:
         return [path for path in sorted(self.out.glob(pattern)) if int(path.stem.split("_")[1]) <= iteration]
 
     def save(self, folder: str | Path) -> Path:
-        """The refined world model as a model folder (``train-wm``'s layout: rl, eval-wm and the loop load it)."""
-        return self.world_model.save_pretrained(folder, dit=self.ema)
+        """The refined world model as a model folder (the built-in's: ``train-wm``'s layout; rl, eval-wm and the loop load it)."""
+        return self.world_model.save_refined(folder, self.state)
 
     def __call__(self, policy: Any, iteration: int) -> dict[str, float]:
         began = time.perf_counter()
         metrics = self._learn(policy, iteration) if distributed.is_main() else {}
-        if not distributed.broadcast_object("world_model/refine_loss" in metrics):  # a round without clips changes nothing
+        if not distributed.broadcast_object("world_model/refine_loss" in metrics):  # a round without examples changes nothing
             return metrics | {"time/refine": time.perf_counter() - began}
-        distributed.broadcast_parameters(self.ema)  # rank 0's refined weights: every rank imagines in the same world model
-        self._publish()
+        for module in self.modules.values():  # rank 0's refined weights: every rank imagines in the same world model
+            distributed.broadcast_parameters(module)
+        self.world_model.use_refined(self.state)
         if self.judge_check is not None:
             metrics |= self._recalibrate(iteration)
         return metrics | {"time/refine": time.perf_counter() - began}
 
     def _learn(self, policy: Any, iteration: int) -> dict[str, float]:
-        """Steps 1 to 3 of the round (the module's docstring): the real rollouts, their clips, the DiT's steps."""
+        """Steps 1 to 3 of the round (the module's docstring): the real rollouts, their examples, the world model's steps."""
         from safetensors.torch import save_file
 
         from worldloop.utils.io import atomic_path
-        from worldloop.worldmodel.train import encode_clips
 
         began = time.perf_counter()
         episodes, success = self._real_rollouts(policy, iteration)
@@ -178,26 +179,24 @@ class WorldModelRefiner:
                    "world_model/refine_real_episodes": float(iteration // self.rl.refine_every * self.real_env.num_envs),  # spent so far
                    "time/refine_collect": time.perf_counter() - began}  # fmt: skip
         # an episode that succeeds within one chunk gives no clip; a round can have none
-        episodes = [e for e in episodes if len(e.actions) > self.clip_config.chunk_size]
+        episodes = [e for e in episodes if len(e.actions) > self.world_model.chunk_size]
         if not episodes:
             return reality
-        clips = encode_clips(self.world_model.vae, episodes, self.clip_config, self.device, seed=self.seed + iteration, progress=False)
-        clips = {"latents": clips["latents"], "actions": clips["actions"]}
+        examples = self.world_model.refine_examples(episodes, self.state, seed=self.seed + iteration)
         with atomic_path(self.out / f"round_{iteration:06d}.safetensors") as tmp:
-            save_file({k: v.contiguous() for k, v in clips.items()}, str(tmp))
-        self.rounds.append(clips)
+            save_file({k: v.contiguous() for k, v in examples.items()}, str(tmp))
+        self.rounds.append(examples)
         if self.known is None:
             known_episodes, self.dataset_episodes = list(self.dataset_episodes), ()
             if known_episodes:
-                known = encode_clips(self.world_model.vae, known_episodes, self.clip_config, self.device, seed=self.seed, progress=False)
-                self.known = self._on_device([known])
+                self.known = self._on_device([self.world_model.refine_examples(known_episodes, self.state, seed=self.seed)])
 
         generator = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + iteration)
-        before = self._loss_on(clips, iteration)
+        before = self._loss_on(examples, iteration)
         mean_loss = self._train(generator)
-        after = self._loss_on(clips, iteration)
+        after = self._loss_on(examples, iteration)
         return reality | {
-            "world_model/refine_clips": float(sum(len(r["latents"]) for r in self.rounds)),
+            "world_model/refine_clips": float(sum(_count(r) for r in self.rounds)),
             "world_model/refine_loss": mean_loss,
             "world_model/refine_loss_new_before": before,
             "world_model/refine_loss_new_after": after,
@@ -227,46 +226,31 @@ class WorldModelRefiner:
         return rollout_episodes(first, rollout), float(rollout.success_once.float().mean())
 
     def _train(self, generator: torch.Generator) -> float:
-        from worldloop.worldmodel.train import ema_step, flow_matching_loss
-
+        """``rl.refine_steps`` steps of the world model, each on a batch drawn from the kept examples: half from the
+        policy's rollouts, half from what it knew. Returns their mean loss."""
         pools = [self._on_device(self.rounds)] + ([self.known] if self.known is not None else [])
-        batch = self.clip_config.batch_size
-        sizes = [batch - batch // 2, batch // 2] if len(pools) == 2 else [batch]  # half the policy's rollouts, half what it knew
+        batch = self.batch_size
+        sizes = [batch - batch // 2, batch // 2] if len(pools) == 2 else [batch]
         losses = []
-        self.master.train()
         for _ in range(self.rl.refine_steps):
-            picks = [torch.randint(len(latents), (size,), generator=generator, device=self.device) for (latents, _), size in zip(pools, sizes)]
-            latents = torch.cat([pool[0][index] for pool, index in zip(pools, picks)])
-            actions = torch.cat([pool[1][index] for pool, index in zip(pools, picks)])
-            loss = flow_matching_loss(self.master, latents, actions, self.clip_config, generator)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.master.parameters(), GRAD_CLIP)
-            self.optimizer.step()
-            ema_step(self.ema, self.master, self.ema_decay)
-            losses.append(float(loss.detach()))
-        self.master.eval()
+            picks = [torch.randint(_count(pool), (size,), generator=generator, device=self.device) for pool, size in zip(pools, sizes)]
+            rows = {key: torch.cat([pool[key][index] for pool, index in zip(pools, picks)]) for key in pools[0]}
+            losses.append(self.world_model.refine_step(rows, self.state, generator))
         return float(np.mean(losses)) if losses else float("nan")
 
-    def _on_device(self, clips: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(latents, normalised actions) of ``clips`` concatenated, on the world model's device."""
-        latents = torch.cat([c["latents"] for c in clips]).to(self.device)
-        return latents, self.world_model.normalise(torch.cat([c["actions"] for c in clips]).to(self.device))
+    def _on_device(self, examples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """``examples`` concatenated, on the world model's device."""
+        return {key: torch.cat([e[key] for e in examples]).to(self.device) for key in examples[0]}
 
-    @torch.no_grad()
-    def _loss_on(self, clips: dict[str, torch.Tensor], iteration: int, count: int = 256) -> float:
-        """The loss of the DiT in use (the EMA) on (up to ``count`` of) ``clips``, on noise fixed by ``iteration``: before and after a round compare."""
-        from worldloop.worldmodel.train import flow_matching_loss
-
+    def _loss_on(self, examples: dict[str, torch.Tensor], iteration: int, count: int = 256) -> float:
+        """The loss of the world model in use on (up to ``count`` of) ``examples``, on noise fixed by ``iteration``: before and after a round compare."""
         generator = torch.Generator(device=self.device).manual_seed(iteration)
-        latents, actions = self._on_device([{k: v[:count] for k, v in clips.items()}])
-        return float(flow_matching_loss(self.ema, latents, actions, self.clip_config, generator))
+        return self.world_model.refine_loss(self._on_device([{k: v[:count] for k, v in examples.items()}]), self.state, generator)
 
-    @torch.no_grad()
-    def _publish(self) -> None:
-        """The refined weights' average into the imagined environment's DiT (in its own dtype)."""
-        for target, source in zip(self.world_model.dit.parameters(), self.ema.parameters()):
-            target.copy_(source)
+
+def _count(examples: dict[str, torch.Tensor]) -> int:
+    """How many examples ``examples`` holds (the length of its tensors)."""
+    return len(next(iter(examples.values())))
 
 
 def world_model_refiner(config: Any, world_model: Any, dataset: Any, tasks: list[str], out: str | Path, calibration: Any = None) -> WorldModelRefiner:

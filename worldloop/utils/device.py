@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 
@@ -25,3 +27,9 @@ def resolve_device(name: str = "auto") -> torch.device:
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
     """bf16 autocast on GPU, full precision on CPU (CPU bf16 is slow and changes results)."""
     return torch.bfloat16 if device.type == "cuda" else None
+
+
+def autocast(device: torch.device):
+    """The context that computes in :func:`autocast_dtype` on ``device``: bf16 autocast on GPU, nothing on CPU."""
+    dtype = autocast_dtype(device)
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()

@@ -19,7 +19,9 @@ What each kind of class must offer:
 - judge: ``from_pretrained(path, device, config)`` with ``config`` the run's ``RewardConfig``, returning a
   Judge (:mod:`worldloop.rewards.protocol`);
 - simulator: ``Class(sim_config, num_envs, tasks=None)``, a VecEnv (:mod:`worldloop.envs.protocol`);
-- world model: ``from_pretrained(folder, device, **sampling)`` (what :class:`worldloop.envs.imagined.ImaginedVecEnv` steps).
+- world model: ``from_pretrained(folder, device, **sampling)`` returning a world model
+  (:class:`worldloop.worldmodel.protocol.WorldModelLike`: what the imagined environment steps and, where RL refines it,
+  rl.refine_every > 0, what the refinement trains through its ``refine_*`` methods).
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ def describe(entry: Any) -> str:
 
 
 POLICIES = Registry(
-    "policy", {"compact_vla": "worldloop.policies.modeling_vla:CompactVLA", "openvla-oft": "worldloop.policies.modeling_openvla_oft:OpenVLAOFT"}
+    "policy", {"compact_vla": "worldloop.policies.compact_vla.modeling:CompactVLA", "openvla-oft": "worldloop.policies.openvla_oft.modeling:OpenVLAOFT"}
 )
 """Policies by the ``kind`` in their folder's config.json."""
 JUDGES = Registry(

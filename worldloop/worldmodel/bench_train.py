@@ -61,7 +61,7 @@ def time_training(config: Config, clips: dict[str, torch.Tensor], vae, steps: in
 
 def train_wm(config: Config, clips: dict[str, torch.Tensor], vae, steps: int, self_forcing: float, device: torch.device) -> None:
     """One ``train_world_model`` run of ``steps`` steps on ``clips``, into a temporary folder."""
-    from worldloop.worldmodel.train import train_world_model
+    from worldloop.worldmodel.train_dit import train_world_model
 
     never = 10**9  # no periodic logging, samples or checkpoints inside the timed loop
     wm = dataclasses.replace(config.world_model, steps=steps, self_forcing=self_forcing, time_limit_s=0.0, checkpoint_every=never)
@@ -100,7 +100,6 @@ def write_report(out: str | None, text: str, payload: Any) -> None:
 
 def measure(config: Config, clips: dict[str, torch.Tensor], vae, steps: int, self_forcing: float, device: torch.device) -> dict:
     from worldloop.worldmodel.bench import peak_flops
-    from worldloop.worldmodel.train import VAE_CLIP_FRAMES
     from worldloop.worldmodel.modeling import dit_flops_per_forward
 
     per_step = seconds_per_step(lambda n: time_training(config, clips, vae, n, self_forcing, device), steps)
@@ -217,7 +216,7 @@ def train_vae_run(config: Config, episodes: list, steps: int, device: torch.devi
     """One ``train_vae`` run of ``steps`` steps on ``episodes``, into a temporary folder; ``compiled``: its forward
     compiled (after a compiled warm-up run, the difference of two runs leaves compilation out, whether a run compiles
     again or reuses what the last one compiled)."""
-    from worldloop.worldmodel.train import train_vae
+    from worldloop.worldmodel.train_vae import train_vae
 
     never = 10**9
     vae = dataclasses.replace(config.vae, steps=steps, time_limit_s=0.0, init=None, pretrained=None, checkpoint_every=never)
@@ -230,7 +229,7 @@ def vae_step_flops(config: Config, device: torch.device) -> float:
     from torch.utils.flop_counter import FlopCounterMode
 
     from worldloop.worldmodel import vae as vae_lib
-    from worldloop.worldmodel.train import VAE_CLIP_FRAMES
+    from worldloop.worldmodel.train_vae import VAE_CLIP_FRAMES
 
     vae = vae_lib.build_vae(config.vae).to(device)
     frames = torch.randint(0, 256, (config.vae.batch_size, VAE_CLIP_FRAMES, config.sim.image_size, config.sim.image_size, 3),
@@ -243,7 +242,7 @@ def vae_step_flops(config: Config, device: torch.device) -> float:
 
 def measure_vae(config: Config, episodes: list, steps: int, device: torch.device, flops: float, compiled: bool = False) -> dict:
     from worldloop.worldmodel.bench import peak_flops
-    from worldloop.worldmodel.train import VAE_CLIP_FRAMES
+    from worldloop.worldmodel.train_vae import VAE_CLIP_FRAMES
 
     per_step = seconds_per_step(lambda n: time_vae_training(config, episodes, n, device, compiled), steps)
     busy = busy_share(lambda n: train_vae_run(config, episodes, n, device, compiled), steps, device)
@@ -268,7 +267,7 @@ def format_vae_table(rows: list[dict]) -> str:
 def bench_vae_train(args: argparse.Namespace, config: Config) -> int:
     """Time ``train_vae`` at the preset's shapes; on a GPU, eagerly and with its forward compiled."""
     from worldloop.utils.device import resolve_device
-    from worldloop.worldmodel.train import VAE_CLIP_FRAMES
+    from worldloop.worldmodel.train_vae import VAE_CLIP_FRAMES
 
     if args.steps < 2:
         raise ValueError(f"bench vae-train needs --steps >= 2 (it times the difference of two runs), got {args.steps}")

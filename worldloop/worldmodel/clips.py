@@ -10,13 +10,22 @@ follows real predecessors.
 The 13 actions are, per frame, the action that produced it: zero for the reference slot and for
 a frame that repeats its predecessor (clamped start, static clips), ``a[i-1]`` for
 frame ``i`` otherwise; the future frames carry the chunk ``a[t .. t+7]``.
+
+:func:`encode_clips` encodes every clip of a set of episodes with the VAE: the examples the DiT trains on.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
+import torch
+
+from worldloop.utils.device import autocast
+from worldloop.worldmodel import vae as vae_lib
+from worldloop.worldmodel.configuration import WorldModelConfig
+from worldloop.worldmodel.training import EpisodeLike, episode_actions, episode_frames, progress
 
 CONTEXT = 5
 STATIC_FRACTION = 0.05
@@ -66,3 +75,34 @@ def predecessors(specs: list[ClipSpec], chunk: int) -> np.ndarray:
     or a clip stride that does not divide the chunk."""
     newest = {int(s.frame_indices[CONTEXT - 1]): i for i, s in enumerate(specs) if not s.static}
     return np.array([-1 if s.static else newest.get(int(s.frame_indices[CONTEXT - 1]) - chunk, -1) for s in specs], dtype=np.int64)
+
+
+@torch.no_grad()
+def encode_clips(
+    vae, episodes: Sequence[EpisodeLike], config: WorldModelConfig, device: torch.device, seed: int = 0, batch: int = 32, progress_bar: bool = True
+) -> dict[str, torch.Tensor]:
+    """Every training clip as latents ``(M, C, 4, h, w)`` [slot 0, memory, future, future] with its
+    13 raw actions ``(M, 13, A)`` and the index of the clip one chunk earlier ``(M,)`` (-1: none; see
+    :func:`predecessors`); ``progress_bar``: a progress bar over the episodes."""
+    rng = np.random.default_rng(seed)
+    latents, actions, previous, count = [], [], [], 0
+    for episode in progress(episodes, desc="encode clips", leave=False, disable=not progress_bar):
+        frames = episode_frames(episode)
+        specs = episode_clips(episode_actions(episode), config.chunk_size, config.clip_stride, rng)
+        if not specs:
+            continue
+        with autocast(device):
+            reference = vae_lib.encode(vae, frames[:1][None].to(device))  # (1, C, 1, h, w)
+            for start in range(0, len(specs), batch):
+                group = specs[start : start + batch]
+                index = torch.as_tensor(np.stack([s.frame_indices for s in group]))
+                clip_latents = vae_lib.encode(vae, frames[index].to(device))  # (b, C, 4, h, w)
+                clip_latents[:, :, :1] = reference
+                latents.append(clip_latents.float().cpu())
+        actions.append(torch.as_tensor(np.stack([s.actions for s in specs])))
+        local = predecessors(specs, config.chunk_size)
+        previous.append(torch.as_tensor(np.where(local >= 0, local + count, -1)))
+        count += len(specs)
+    if not latents:
+        raise ValueError(f"no episode is long enough for a clip of {CONTEXT + config.chunk_size} frames")
+    return {"latents": torch.cat(latents), "actions": torch.cat(actions), "previous": torch.cat(previous)}

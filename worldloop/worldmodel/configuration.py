@@ -92,13 +92,13 @@ class WorldModelConfig:
     pipelines decode whole videos this way)."""
     memory_noise: float = 0.0
     """Sampling: noise level sigma put on the memory latent at every rollout step, the model told so by its
-    per-token timestep (trained for: worldloop.worldmodel.train.CONTEXT_NOISE): it then trusts its own last frames less. 0 = clean."""
+    per-token timestep (trained for: worldloop.worldmodel.flow_matching.CONTEXT_NOISE): it then trusts its own last frames less. 0 = clean."""
     # Training (`worldloop train-wm`)
     self_forcing: float = 0.0
     """Fraction of training clips whose memory latent is the model's own prediction of it, sampled
     (without gradient) from the clip one chunk earlier, as in a rollout: the model learns to continue
     from its own frames, not only from real ones, against drift that compounds chunk by chunk. It starts
-    after worldloop.worldmodel.train.SELF_FORCING_AFTER (30 %) of the budget. 0 disables."""
+    after worldloop.worldmodel.train_dit.SELF_FORCING_AFTER (30 %) of the budget. 0 disables."""
     clip_stride: int = 2
     """Frames between the start of consecutive training clips cut from one episode."""
     steps: int = 400

@@ -8,34 +8,37 @@ generated latent the next memory (no decode / re-encode of the context).
 
 A model folder holds ``config.json`` (kind ``world_model``: sizes, image size, action
 normalisation), ``model.safetensors`` (the DiT's EMA weights) and ``vae/`` (diffusers format).
+
+The ``refine_*`` methods fine-tune the DiT on new real episodes during RL (rl.refine_every: the refinement
+methods of :class:`worldloop.worldmodel.protocol.WorldModelLike`), with train-wm's loss.
 """
 
 from __future__ import annotations
 
-import contextlib
+import copy
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 from safetensors.torch import save_file
 
-from worldloop.utils.device import autocast_dtype, resolve_device
+from worldloop.utils.device import autocast, resolve_device
 from worldloop.utils.io import atomic_dir, atomic_path, atomic_write_json
 from worldloop.utils.pretrained import load_weights, read_model_config
 from worldloop.worldmodel import vae as vae_lib
+from worldloop.worldmodel.clips import encode_clips
 from worldloop.worldmodel.configuration import WorldModelConfig
+from worldloop.worldmodel.flow_matching import flow_matching_loss
 from worldloop.worldmodel.modeling import ActionConditionedDiT
+from worldloop.worldmodel.training import GRAD_CLIP, WEIGHT_DECAY, EpisodeLike, ema_step
 
 KIND = "world_model"
 RETIRED_SPEC: dict[str, Any] = {"memory_frames": 4, "reference_frame": True, "null_actions": False, "action_dropout": 0.0, "action_guidance": 1.0}
 """config.json keys of world models saved by earlier versions -> the only value this version builds: the ablations (1
 memory frame, no reference frame) and action guidance (2026-12-03 action-guidance run: not a fix as trained) are gone."""
 MEMORY = 4
-
-
-def shift_sigmas(sigmas: torch.Tensor, shift: float) -> torch.Tensor:
-    """Flow-matching time shift (SD3 / Wan): more of the steps at high noise for shift > 1."""
-    return shift * sigmas / (1 + (shift - 1) * sigmas)
 
 
 def sampler_sigmas(steps: int, shift: float) -> torch.Tensor:
@@ -45,11 +48,6 @@ def sampler_sigmas(steps: int, shift: float) -> torch.Tensor:
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=shift)
     scheduler.set_timesteps(steps)
     return scheduler.sigmas.float().cpu()
-
-
-def autocast(device: torch.device):
-    dtype = autocast_dtype(device)
-    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
 @torch.no_grad()
@@ -72,6 +70,27 @@ def sample_future(
             velocity = dit(torch.cat([context, latents], dim=2), per_frame, actions)
         latents = latents + (sigma_next - sigma) * velocity[:, :, context.shape[2] :].float()
     return latents
+
+
+@dataclass
+class DiTRefinement:
+    """What the built-in world model's refinement trains: an fp32 copy of its DiT that AdamW steps (the inference
+    copy is bf16 on the GPU, too coarse for small steps), and the moving average of its weights that the model
+    imagines with and saves, as train-wm samples from its EMA."""
+
+    config: WorldModelConfig  # the clips as the model was trained on them (its chunk), the loss's time shift
+    master: ActionConditionedDiT
+    ema: ActionConditionedDiT
+    optimizer: torch.optim.AdamW
+    ema_decay: float  # per step
+
+    @property
+    def modules(self) -> dict[str, torch.nn.Module]:
+        return {"world_model": self.master, "world_model_ema": self.ema}
+
+    @property
+    def stateful(self) -> dict[str, Any]:
+        return {"world_model_optimizer": self.optimizer}
 
 
 class WorldModel:
@@ -261,3 +280,45 @@ class WorldModel:
         self.context, self.context_actions = self.context[index], self.context_actions[index]
         self.generators = [self.generators[i] for i in index.tolist()]
         self.decoder.select(index)
+
+    # ------------------------------------------------------------------------------------ refinement
+
+    def start_refinement(self, config: WorldModelConfig, lr: float, ema_decay: float) -> DiTRefinement:
+        """An fp32 copy of the DiT, AdamW on it (``lr``, train-wm's weight decay, no schedule) and the moving average
+        of its weights (``ema_decay`` per step); clips cut as ``config`` says (its clip stride), in this model's chunk."""
+        master = copy.deepcopy(self.dit).float().train()
+        ema = copy.deepcopy(master).eval().requires_grad_(False)
+        optimizer = torch.optim.AdamW(master.parameters(), lr=lr, weight_decay=WEIGHT_DECAY, betas=(0.9, 0.99))
+        return DiTRefinement(dataclasses.replace(config, chunk_size=self.chunk_size), master, ema, optimizer, ema_decay)
+
+    def refine_examples(self, episodes: Sequence[EpisodeLike], state: DiTRefinement, seed: int) -> dict[str, torch.Tensor]:
+        """Every clip of ``episodes``, as train-wm encodes a dataset's (``seed``: which static clips): ``latents``
+        (M, C, 4, h, w) and the raw ``actions`` (M, 13, A)."""
+        clips = encode_clips(self.vae, episodes, state.config, self.device, seed=seed, progress_bar=False)
+        return {"latents": clips["latents"], "actions": clips["actions"]}
+
+    def refine_step(self, batch: dict[str, torch.Tensor], state: DiTRefinement, generator: torch.Generator) -> float:
+        """One AdamW step of the fp32 DiT's flow-matching loss on ``batch`` (its gradient clipped as train-wm clips
+        it), then one step of the moving average; returns the loss."""
+        loss = flow_matching_loss(state.master, batch["latents"], self.normalise(batch["actions"]), state.config, generator)
+        state.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(state.master.parameters(), GRAD_CLIP)
+        state.optimizer.step()
+        ema_step(state.ema, state.master, state.ema_decay)
+        return float(loss.detach())
+
+    @torch.no_grad()
+    def refine_loss(self, examples: dict[str, torch.Tensor], state: DiTRefinement, generator: torch.Generator) -> float:
+        """The moving average's flow-matching loss on ``examples``: what the model imagines with."""
+        return float(flow_matching_loss(state.ema, examples["latents"], self.normalise(examples["actions"]), state.config, generator))
+
+    @torch.no_grad()
+    def use_refined(self, state: DiTRefinement) -> None:
+        """The moving average's weights into the DiT the model imagines with (in its own dtype)."""
+        for target, source in zip(self.dit.parameters(), state.ema.parameters()):
+            target.copy_(source)
+
+    def save_refined(self, folder: str | Path, state: DiTRefinement) -> Path:
+        """This model's folder with the moving average's fp32 weights."""
+        return self.save_pretrained(folder, dit=state.ema)

@@ -1,6 +1,6 @@
 """The published OpenVLA-OFT checkpoint layout: which file holds which tensor, under which name.
 
-Key mapping (checkpoint name -> the module that holds it in :class:`~worldloop.policies.modeling_openvla_oft.PrismaticVLA`):
+Key mapping (checkpoint name -> the module that holds it in :class:`~worldloop.policies.openvla_oft.modeling.PrismaticVLA`):
 
     vision_backbone.featurizer.<timm key>          DINOv2 ViT (timm VisionTransformer, its own key names)
     vision_backbone.fused_featurizer.<timm key>    SigLIP ViT (idem; includes the unused attn_pool.* head)

@@ -11,7 +11,7 @@ A published OpenVLA-OFT folder (e.g. one fine-tuned on a LIBERO suite) holds:
     tokenizer.json / tokenizer.model ...     the Llama-2 tokenizer
 
 This module reads config.json into :class:`OpenVLAOFTConfig`; the weight files are read by
-:mod:`worldloop.policies.layout_openvla_oft`. What OFT keeps in its code rather than in the folder (the
+:mod:`worldloop.policies.openvla_oft.layout`. What OFT keeps in its code rather than in the folder (the
 chunk length, which suite's statistics to use) and what worldloop adds (LoRA rank, dims of a test-size
 vision tower) may be given in an optional ``"worldloop"`` block of config.json, which other readers ignore:
 

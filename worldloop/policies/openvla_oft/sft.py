@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from worldloop.policies.configuration_openvla_oft import ActionStatistics
+from worldloop.policies.openvla_oft.configuration import ActionStatistics
 from worldloop.policies.sft import AUGMENT_SHIFT, GRAD_CLIP, WEIGHT_DECAY, _autocast, build_samples, episode_summary, publish_model, random_shift, select_episodes, warmup_cosine
 
 
@@ -40,7 +40,7 @@ def finetune_openvla_oft(config, policy_spec: str, dataset: str | Path, out: str
     from worldloop.config import save_config
     from worldloop.data.dataset import TrajectoryDataset, split_episodes
     from worldloop.policies import load_policy
-    from worldloop.policies.modeling_openvla_oft import OpenVLAOFT
+    from worldloop.policies.openvla_oft.modeling import OpenVLAOFT
     from worldloop.utils import distributed
     from worldloop.utils.device import resolve_device
     from worldloop.utils.io import atomic_write_json

@@ -15,7 +15,7 @@ One forward pass decodes a whole chunk: the action positions' inputs are zeros (
 so every token of the chunk is scored from the observation alone, and the chunk's log-probability is the sum
 of its tokens' (what RL needs). ``act`` samples the token head; ``act(greedy=True)`` on a folder with an L1
 head returns the L1 head's actions, as OFT's inference does (their tokens are those actions' bins, their
-log-probs the token head's). The folder layout and its key names: :mod:`worldloop.policies.layout_openvla_oft`.
+log-probs the token head's). The folder layout and its key names: :mod:`worldloop.policies.openvla_oft.layout`.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worldloop.policies.configuration_openvla_oft import ActionStatistics, OpenVLAOFTConfig, read_statistics
-from worldloop.policies.processing_openvla_oft import PromptTokenizer, actions_to_bins, bins_to_actions, bins_to_token_ids, fused_pixels
+from worldloop.policies.openvla_oft.configuration import ActionStatistics, OpenVLAOFTConfig, read_statistics
+from worldloop.policies.openvla_oft.processing import PromptTokenizer, actions_to_bins, bins_to_actions, bins_to_token_ids, fused_pixels
 
 KIND = "openvla-oft"
 """The policy's registry name: ``--policy openvla-oft:DIR``; a folder whose config.json says model_type "openvla" is one too."""
@@ -366,7 +366,7 @@ class OpenVLAOFT(nn.Module):
     def save_pretrained(self, folder: str | Path, shards: int | None = None) -> None:
         """Write the published layout (LoRA merged): config.json, sharded safetensors + index,
         dataset_statistics.json, the head checkpoints, and the source folder's tokenizer files."""
-        from worldloop.policies.layout_openvla_oft import ACTION_HEAD_PREFIX, PROPRIO_PREFIX, copy_side_files, write_head, write_vla_tensors
+        from worldloop.policies.openvla_oft.layout import ACTION_HEAD_PREFIX, PROPRIO_PREFIX, copy_side_files, write_head, write_vla_tensors
         from worldloop.utils.io import atomic_dir, atomic_write_json
 
         with atomic_dir(Path(folder)) as tmp:
@@ -387,8 +387,8 @@ class OpenVLAOFT(nn.Module):
     def from_pretrained(cls, spec: str | Path, device: str | torch.device = "cpu", lora: bool = True) -> OpenVLAOFT:
         """Load ``DIR`` or ``DIR@SUITE`` (SUITE: the dataset_statistics.json entry to un-normalise with) in the
         published layout; with ``lora`` and config lora_rank > 0, LoRA adapters are added for training."""
-        from worldloop.policies.layout_openvla_oft import ACTION_HEAD_PREFIX, PROPRIO_PREFIX, find_head_file, load_strict, read_head, read_vla_tensors
-        from worldloop.policies.processing_openvla_oft import load_tokenizer
+        from worldloop.policies.openvla_oft.layout import ACTION_HEAD_PREFIX, PROPRIO_PREFIX, find_head_file, load_strict, read_head, read_vla_tensors
+        from worldloop.policies.openvla_oft.processing import load_tokenizer
 
         folder, _, suite = str(spec).partition("@")
         config = OpenVLAOFTConfig.from_folder(folder)

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worldloop.policies.configuration import PolicyConfig
+from worldloop.policies.compact_vla.configuration import PolicyConfig
 from worldloop.policies.protocol import ActOutput, PolicyEvaluation
 from worldloop.policies.tokenizer import NORM_STATS_NAME, NUM_BINS, ActionTokenizer
 

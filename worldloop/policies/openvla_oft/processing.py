@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from worldloop.policies.configuration_openvla_oft import IMAGENET_MEAN_STD, SIGLIP_MEAN_STD
+from worldloop.policies.openvla_oft.configuration import IMAGENET_MEAN_STD, SIGLIP_MEAN_STD
 
 PROMPT = "In: What action should the robot take to {instruction}?\nOut:"
 EMPTY_TOKEN = "▁"
