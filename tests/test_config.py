@@ -133,7 +133,7 @@ def test_the_knob_count_stays_small():
     "override, words",
     [
         ("rl.judge_threshold_per_task=true", ["'rl.judge_threshold_per_task' is now 'rl.diagnostics.threshold_per_task'"]),
-        ("loop.evo_wm_steps=300", ["'loop.evo_wm_steps' is now 'rl.refine_steps'"]),
+        ("loop.evo_wm_steps=300", ["'loop.evo_wm_steps' is now 'rl.refine.steps'"]),
         ("sft.augment_blur=0.5", ["'sft.augment_blur' was retired", "sft.augment_codec"]),
         ("rl.keep_checkpoints=3", ["'rl.keep_checkpoints' was retired (now always 2)"]),
         ("world_model.action_guidance=2", ["'world_model.action_guidance' was retired (now always 1.0)", "2026-12-03-action-guidance"]),
@@ -205,7 +205,7 @@ def test_a_run_saved_before_the_keys_moved_still_loads():
     folder = Path(__file__).resolve().parent.parent / "docs" / "experiments" / "2026-12-04-fidelity-recipe" / "run"
     config = load_saved_config(folder)
     assert config.reward.training.steps == 2000 and config.reward.training.threshold_from == "episode_kappa"
-    assert config.rl.refine_episodes_per_task == 8 and config.loop.gate_min_kappa == 0.6
+    assert config.rl.refine.episodes_per_task == 8 and config.loop.gate_min_kappa == 0.6
 
 
 def test_what_is_saved_with_a_model_is_named_and_is_in_its_folder():

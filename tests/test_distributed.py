@@ -362,7 +362,7 @@ def _refining_rl(out: Path):
     from worldloop.diagnostics.reality import RealityCheck
     from worldloop.envs.imagined import ImaginedEnv
     from worldloop.envs.toy import ToyEnv, ToyJudge, ToyWorldModel
-    from worldloop.rl.configuration import RLConfig
+    from worldloop.rl.configuration import RLConfig, RLRefineConfig
     from worldloop.rl.refine import WorldModelRefiner
     from worldloop.worldmodel.configuration import WorldModelConfig
     from worldloop.worldmodel.rollout import WorldModel
@@ -371,8 +371,8 @@ def _refining_rl(out: Path):
     torch.manual_seed(1)
     world_model = WorldModel.build(clips, tiny_vae(), 32, 2, device="cpu")
     before = [p.detach().clone() for p in world_model.dit.parameters()]
-    rl = RLConfig(iterations=1, group_size=4, num_groups=2, max_steps=16, lr=3e-3, checkpoint_every=1, refine_every=1, refine_episodes_per_task=4,
-                  refine_steps=3)  # fmt: skip
+    rl = RLConfig(iterations=1, group_size=4, num_groups=2, max_steps=16, lr=3e-3, checkpoint_every=1,
+                  refine=RLRefineConfig(every=1, episodes_per_task=4, steps=3))  # fmt: skip
     refiner = WorldModelRefiner(world_model, ToyEnv(4, max_steps=32) if main else None, [task], square_episodes(2, seed=1, length=24) if main else (),
                                 rl, clips, out, seed=0, lr=1e-3, ema_decay=0.5)  # rank 0 alone collects and learns  # fmt: skip
     judge, here = ToyJudge(threshold=1e-3), len(distributed.dealt(32))
@@ -388,7 +388,7 @@ def _refining_rl(out: Path):
 
 
 def test_a_refinement_round_on_two_ranks_leaves_every_rank_in_the_same_refined_world_model(tmp_path):
-    """rl.refine_every under torchrun: rank 0 collects the real rollouts and fine-tunes the world model; every rank's
+    """rl.refine.every under torchrun: rank 0 collects the real rollouts and fine-tunes the world model; every rank's
     imagined environment then holds its refined weights, and every rank's judge the threshold chosen again on all the
     calibration's episodes (each rank replaying its own); rank 0 alone writes the refined model."""
     (before, after, calibrated, threshold, results), (before_1, after_1, calibrated_1, threshold_1, results_1) = run_ranks(_refining_rl, 2, tmp_path)

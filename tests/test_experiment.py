@@ -64,11 +64,11 @@ def test_exact_tests_agree_with_scipy():
 
 
 def test_the_real_arm_spends_the_full_arms_real_trajectories():
-    # PACE: (3 base + 2 evolved: rl.refine_episodes_per_task) rollouts x 2 tasks, and 3 refinement rounds x 2 episodes
+    # PACE: (3 base + 2 evolved: rl.refine.episodes_per_task) rollouts x 2 tasks, and 3 refinement rounds x 2 episodes
     # x 1 trained task in each of 2 RL stages
-    full = load_config("micro", ["rl.refine_every=1", "rl.iterations=3", "rl.refine_episodes_per_task=2"])
+    full = load_config("micro", ["rl.refine.every=1", "rl.iterations=3", "rl.refine.episodes_per_task=2"])
     assert real_episode_budget(full, tasks=2, trained_tasks=1) == 10 + 12
-    no_pace = load_config("micro", ["rl.refine_every=1", "rl.iterations=3", "rl.refine_episodes_per_task=2", "loop.pace=false"])
+    no_pace = load_config("micro", ["rl.refine.every=1", "rl.iterations=3", "rl.refine.episodes_per_task=2", "loop.pace=false"])
     assert real_episode_budget(no_pace, tasks=2, trained_tasks=1) == 6 + 6
     assert real_episode_budget(load_config("micro"), tasks=2, trained_tasks=2) == 8  # no refinement rounds
 

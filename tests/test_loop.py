@@ -17,7 +17,7 @@ from worldloop.loop import STAGES_DIR, Inputs, plan, run_loop
 # so the judge has positives; two base rollouts per task still hold one out per task for the VAE; the base
 # policy, the judge and the VAE only have to exist (micro: 80 steps, 3 rollouts, 60 SFT, 20 judge, 6 VAE steps); one VAE step
 # is one held-out evaluation on the way (train-vae measures one at each tenth of its budget that a step crosses).
-OVERRIDES = ["loop.eval_episodes_per_task=1", "rl.iterations=1", "rl.refine_every=1", "rl.refine_episodes_per_task=1", "rl.refine_steps=2",
+OVERRIDES = ["loop.eval_episodes_per_task=1", "rl.iterations=1", "rl.refine.every=1", "rl.refine.episodes_per_task=1", "rl.refine.steps=2",
              "rl.judge_threshold=replay", "sim.max_steps=56", "loop.base_rollouts_per_task=2", "sft.steps=30", "reward.training.steps=10",
              "vae.steps=1"]
 

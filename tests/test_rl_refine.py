@@ -14,7 +14,7 @@ from test_rl_env import make_pool
 
 from worldloop.envs.imagined import ImaginedEnv
 from worldloop.envs.toy import ToyEnv, ToyJudge, ToyWorldModel
-from worldloop.rl.configuration import RLConfig
+from worldloop.rl.configuration import RLConfig, RLRefineConfig
 from worldloop.rl.evaluate import EVAL_SEED_OFFSET
 from worldloop.rl.refine import WorldModelRefiner, refine_seed, rollout_episodes
 from worldloop.diagnostics.reality import RealityCheck
@@ -36,7 +36,7 @@ def vae():
 def refiner_for(vae, folder, steps: int = 10, per_task: int = 4, ema_decay: float = 0.5) -> WorldModelRefiner:
     torch.manual_seed(1)
     world_model = WorldModel.build(CLIPS, vae, 32, 2, device="cpu")
-    rl = RLConfig(refine_every=1, refine_episodes_per_task=per_task, refine_steps=steps)
+    rl = RLConfig(refine=RLRefineConfig(every=1, episodes_per_task=per_task, steps=steps))
     known = square_episodes(2, seed=1, length=24)  # the scenes it knew: another world of the same size
     return WorldModelRefiner(world_model, ToyEnv(per_task, max_steps=32), [TASK], known, rl, CLIPS, folder, seed=0, lr=1e-3, ema_decay=ema_decay)
 
@@ -143,7 +143,7 @@ def test_refining_rl_resumes_exactly(vae, tmp_path):
         policy = ToyPolicy()
         refiner = refiner_for(vae, folder, steps=3)
         rl = RLConfig(iterations=iterations, group_size=4, num_groups=2, max_steps=16, lr=3e-3, train_temperature=1.0, checkpoint_every=1,
-                      refine_every=refine_every, refine_episodes_per_task=4, refine_steps=3)  # fmt: skip
+                      refine=RLRefineConfig(every=refine_every, episodes_per_task=4, steps=3))  # fmt: skip
         env = ImaginedEnv(ToyWorldModel(), ToyJudge(), make_pool(32, 3), 8, 4, max_steps=16, kir_ratio=0.3)
         return train_watched(policy, env, rl, folder, seed=3, refiner=refiner, console=False), refiner
 
@@ -271,7 +271,7 @@ def test_a_users_own_world_model_registered_by_name_is_refined_through_its_refin
     model = load_world_model(folder, load_config("tiny-cpu"), [], torch.device("cpu"))
     assert isinstance(model, BrightnessWorldModel)
 
-    rl = RLConfig(refine_every=1, refine_episodes_per_task=4, refine_steps=20)
+    rl = RLConfig(refine=RLRefineConfig(every=1, episodes_per_task=4, steps=20))
     known = square_episodes(2, seed=1, length=24)  # the scenes it knew
     refiner = WorldModelRefiner(model, ToyEnv(4, max_steps=32), [TASK], known, rl, WorldModelConfig(batch_size=8), tmp_path / "rl", lr=0.05)
     assert refiner.modules == {"world_model": model.weights}  # what RL's checkpoints keep
@@ -286,7 +286,7 @@ def test_a_users_own_world_model_registered_by_name_is_refined_through_its_refin
         assert torch.equal(torch.as_tensor(episode.frames[0]), first) and len(episode.frames) == len(episode.actions) > model.chunk_size
     # refine_step trained on batches of world_model.batch_size examples, half the real episodes' and half the dataset's
     examples = brightness_examples(real)
-    assert len(model.batches) == rl.refine_steps and all(len(batch["frames"]) == 8 for batch in model.batches)
+    assert len(model.batches) == rl.refine.steps and all(len(batch["frames"]) == 8 for batch in model.batches)
     pairs = {(bytes(f.numpy()), bytes(n.numpy())) for f, n in zip(examples["frames"], examples["next"])}
     assert sum((bytes(f.numpy()), bytes(n.numpy())) in pairs for f, n in zip(model.batches[0]["frames"], model.batches[0]["next"])) == 4
     # its weights moved, and its loss on the real episodes fell

@@ -297,10 +297,10 @@ def test_rl_command_refuses_incomplete_input(tmp_path, capsys):
     assert "no --keyframes" in capsys.readouterr().err
     assert main(args + ["rl.kir_ratio=0", "rl.judge_threshold=replay", "rl.eval_episodes_per_task=0"]) == 2
     assert "rl.judge_threshold=replay replays real episodes" in capsys.readouterr().err
-    assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.refine_every=5"]) == 2
+    assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.refine.every=5"]) == 2
     assert "--env real has none to refine" in capsys.readouterr().err
-    assert main(args + ["rl.refine_every=5", "rl.refine_steps=0"]) == 2
-    assert "refine_steps >= 1" in capsys.readouterr().err
+    assert main(args + ["rl.refine.every=5", "rl.refine.steps=0"]) == 2
+    assert "refine.steps >= 1" in capsys.readouterr().err
     assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.judge_threshold=replay", "rl.train_tasks=tracked"]) == 2
     assert "--env real trains in the simulator itself" in capsys.readouterr().err
     assert main(args + ["rl.train_tasks=tracked"]) == 2
@@ -740,7 +740,7 @@ def test_a_lenient_judge_is_recalibrated_on_the_base_policys_replayed_episodes(t
     judge.threshold = 1e-3  # a resumed run: the saved threshold, no new calibration
     calibrate_threshold(None, policy, judge, rl, path)
     assert judge.threshold == saved["threshold"] and "calibrated before training" in capsys.readouterr().out
-    # ... and the saved episodes, on which a refined world model's threshold is chosen again (rl.refine_every)
+    # ... and the saved episodes, on which a refined world model's threshold is chosen again (rl.refine.every)
     resumed = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=env, seeds=[5000 + e for e in range(episodes)])
     calibrate_threshold(resumed, policy, judge, rl, path)
     assert torch.equal(resumed.labelled.actions, calibration.labelled.actions.cpu()) and resumed.labelled.first.instructions == calibration.labelled.first.instructions
@@ -917,7 +917,7 @@ def scripted_check(tasks: list[str], imagined_successes: Callable[[int, str], in
 
 def test_a_run_names_a_task_that_gains_in_imagination_only_and_goes_on_training_on_it(tmp_path):
     """From the check that finds bottom-left's imagined success up from 2 to 38 of 40 with its real one flat, the run
-    warns (once) and goes on with both tasks: what to do about it (rl.train_tasks, rl.kl_coef, rl.refine_every) is the user's."""
+    warns (once) and goes on with both tasks: what to do about it (rl.train_tasks, rl.kl_coef, rl.refine.every) is the user's."""
     from worldloop.diagnostics.warnings import IMAGINED_ONLY
 
     tasks = ["reach-top-right", "reach-bottom-left"]

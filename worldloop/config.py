@@ -64,8 +64,8 @@ class LoopConfig:
     judge: str = "classifier"
     """'classifier' (trained on the base rollouts) or 'topreward:PATH' (a local Qwen3-VL folder)."""
     pace: bool = True
-    """Run the second half of the loop: rl.refine_episodes_per_task real rollouts per task of the stage-1 policy, on which
-    the world model trains rl.refine_steps more steps (WM Base -> WM Evo), then RL stage 2; False: the w/o-PACE ablation."""
+    """Run the second half of the loop: rl.refine.episodes_per_task real rollouts per task of the stage-1 policy, on which
+    the world model trains rl.refine.steps more steps (WM Base -> WM Evo), then RL stage 2; False: the w/o-PACE ablation."""
     gate_episodes_per_task: int = 48
     """The fidelity gate (`worldloop gate`, before RL): real episodes of the base policy per task, replayed in the world model."""
     gate_min_kappa: float | None = 0.6

@@ -23,8 +23,11 @@ RENAMED: dict[str, str] = {
     "reward.classifier.threshold_significance_se": "reward.calibrate.threshold_significance_se",
     **{f"reward.classifier.{name}": f"reward.training.{name}"
        for name in ("threshold_from", "steps", "batch_size", "lr")},
-    "loop.evo_rollouts_per_task": "rl.refine_episodes_per_task",
-    "loop.evo_wm_steps": "rl.refine_steps",
+    "rl.refine_every": "rl.refine.every",
+    "rl.refine_episodes_per_task": "rl.refine.episodes_per_task",
+    "rl.refine_steps": "rl.refine.steps",
+    "loop.evo_rollouts_per_task": "rl.refine.episodes_per_task",
+    "loop.evo_wm_steps": "rl.refine.steps",
 }
 """Keys that moved: old dotted name -> the key that holds the same setting now."""
 

@@ -54,7 +54,7 @@ ARMS = {
     "no_kir": Arm(("rl.kir_ratio=0",), "without KIR: imagined episodes start from first frames only"),
     "no_mask": Arm(("rl.mask_after_success=false",), "without the post-success mask"),
     "shuffled": Arm(("rl.diagnostics.shuffled_scores=true",), "control: each group's scores shuffled among its rollouts"),
-    "real_grpo": Arm(("loop.pace=false", "rl.refine_every=0"), "GRPO in the real simulator, on the full arm's real episodes", env="real"),
+    "real_grpo": Arm(("loop.pace=false", "rl.refine.every=0"), "GRPO in the real simulator, on the full arm's real episodes", env="real"),
 }
 """The arms an experiment can declare: the config keys they rely on are named here only."""
 
@@ -67,12 +67,12 @@ def arms_help() -> str:
 
 def real_episode_budget(config: Config, tasks: int, trained_tasks: int) -> int:
     """Real trajectories the full arm's policies consume (WoVR's table 2): the base policy's rollouts and, with PACE, the
-    stage-1 policy's, on each of ``tasks`` tasks, plus RL's refinement rounds (rl.refine_every) on the ``trained_tasks``,
+    stage-1 policy's, on each of ``tasks`` tasks, plus RL's refinement rounds (rl.refine.every) on the ``trained_tasks``,
     in each RL stage. Evaluations, the gate's and the judge calibration's episodes measure and are not counted."""
     lp, rl = config.loop, config.rl
-    per_task = lp.base_rollouts_per_task + (rl.refine_episodes_per_task if lp.pace else 0)
-    rounds = (rl.iterations // rl.refine_every if rl.refine_every else 0) * (2 if lp.pace else 1)
-    return per_task * tasks + rounds * rl.refine_episodes_per_task * trained_tasks
+    per_task = lp.base_rollouts_per_task + (rl.refine.episodes_per_task if lp.pace else 0)
+    rounds = (rl.iterations // rl.refine.every if rl.refine.every else 0) * (2 if lp.pace else 1)
+    return per_task * tasks + rounds * rl.refine.episodes_per_task * trained_tasks
 
 
 def arm_stages(arm: Arm, config: Config, run: Path, inputs: Inputs, vae_eval: bool) -> tuple[list[Stage], dict[str, str]]:

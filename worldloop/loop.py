@@ -115,16 +115,16 @@ def plan(config: Config, run: Path, inputs: Inputs) -> tuple[list[Stage], dict[s
         stages.append(
             Stage(
                 "rollouts_evo",
-                ["collect", "--out", p["rollouts_evo"], "--policy", f"{p['rl1']}/policy", "--episodes-per-task", str(config.rl.refine_episodes_per_task), "--no-progress"],
+                ["collect", "--out", p["rollouts_evo"], "--policy", f"{p['rl1']}/policy", "--episodes-per-task", str(config.rl.refine.episodes_per_task), "--no-progress"],
             )
         )
-        # RL stage 1 with rl.refine_every already refined the world model on its policy's real rollouts: go on from that one
-        start = f"{p['rl1']}/world_model" if config.rl.refine_every > 0 else p["wm_base"]
+        # RL stage 1 with rl.refine.every already refined the world model on its policy's real rollouts: go on from that one
+        start = f"{p['rl1']}/world_model" if config.rl.refine.every > 0 else p["wm_base"]
         stages.append(
             Stage(
                 "wm_evo",
                 ["train-wm", "--dataset", p["rollouts_base"], p["rollouts_evo"], "--vae", p["vae"], "--init", start, "--out", p["wm_evo"]],
-                [f"world_model.steps={config.rl.refine_steps}"],
+                [f"world_model.steps={config.rl.refine.steps}"],
             )
         )
         stages.append(Stage("rl2", ["rl", "--policy", f"{p['rl1']}/policy", "--world-model", p["wm_evo"], "--out", p["rl2"], *rl_inputs]))

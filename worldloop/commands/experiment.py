@@ -15,7 +15,7 @@ keeps its per-episode verdicts; RUN/verdicts.json gathers them. Each arm and see
 The arms:
 {arms_help()}
 real_grpo trains for as many iterations as it takes to spend the real trajectories the full arm consumes (base rollouts,
-evolved-policy rollouts and rl.refine_every's rounds; RUN/experiment.json says how many).
+evolved-policy rollouts and rl.refine.every's rounds; RUN/experiment.json says how many).
 Then `worldloop analyse RUN` writes RUN/analysis.md and RUN/analysis.json.
 Example: worldloop experiment --preset micro --out runs/exp --arms full,shuffled --seeds 4"""
 

@@ -18,8 +18,8 @@ from the same initial states, in imagination (the imagination-reality gap), and 
 judge on the real episodes' frames, and the world model replaying their actions open loop. RUN holds config.yaml,
 tb/ (TensorBoard), checkpoints/ (rerun to resume), results.json, results.md, curves.png, policy/ (final)
 and videos/ (real | replay of its actions in the world model | imagined, from the same initial state at each evaluation).
-With rl.refine_every > 0 the world model also learns, every that many iterations, from the policy's own real
-rollouts (rl.refine_episodes_per_task per task; OUT/refine keeps their clips, OUT/world_model the refined model).
+With rl.refine.every > 0 the world model also learns, every that many iterations, from the policy's own real
+rollouts (rl.refine.episodes_per_task per task; OUT/refine keeps their clips, OUT/world_model the refined model).
 Example: worldloop rl --policy runs/sft --world-model runs/wm --judge runs/rw --dataset runs/data \\
          --keyframes runs/data/keyframes --out runs/rl rl.iterations=50"""
 
@@ -109,8 +109,8 @@ def check_arguments(args: argparse.Namespace, rl) -> None:
             raise ConfigError(f"--env imagined needs {', '.join(missing)}")
         if rl.kir_ratio > 0 and not args.keyframes:
             raise ConfigError(f"rl.kir_ratio={rl.kir_ratio} but no --keyframes: pass a folder from `worldloop kir`, or set rl.kir_ratio=0")
-    elif rl.refine_every > 0:
-        raise ConfigError(f"rl.refine_every={rl.refine_every} refines the world model of --env imagined; --env real has none to refine")
+    elif rl.refine.every > 0:
+        raise ConfigError(f"rl.refine.every={rl.refine.every} refines the world model of --env imagined; --env real has none to refine")
     elif rl.train_tasks == "tracked":
         raise ConfigError("rl.train_tasks=tracked keeps the tasks that imagination tracks; --env real trains in the simulator itself")
     elif args.keyframes or args.dataset:

@@ -127,7 +127,7 @@ def check_diagnostics(rl, world_model: bool, judge: bool) -> None:
 def calibrate_threshold(calibration, policy, judge, rl, path, calibrate=None) -> dict:
     """rl.judge_threshold=replay: the judge's threshold from ``policy``'s real episodes replayed in the
     world model (RealityCheck.calibrate_judge), saved to ``path``, and the episodes beside it (PATH's stem +
-    _episodes.pt, for rl.refine_every's recalibrations); a resumed run reads both back instead. Returns the
+    _episodes.pt, for rl.refine.every's recalibrations); a resumed run reads both back instead. Returns the
     calibration (what ``path`` holds). ``calibrate`` (reward.calibrate, default its defaults) sets the standard-error rules.
     Under torchrun every rank calibrates its judge alike (on all the episodes, each rank running its own) and
     rank 0 alone writes and prints; the saved episodes are all of them, as one process saves them."""

@@ -115,7 +115,7 @@ def world_model_exploited_diagnosis(first: dict[str, Any], result: dict[str, Any
                     f"and it now says {replayed:.2f} where the simulator says {real:.2f}: RL has moved the policy to actions that the "
                     "world model renders as successes and reality does not. Hold the policy near the actions the world model knows "
                     "(rl.kl_coef > 0, a lower rl.lr, fewer iterations) or refine the world model on the evolved policy's real rollouts "
-                    "(rl.refine_every within this run, or PACE between runs: `worldloop loop`)")  # fmt: skip
+                    "(rl.refine.every within this run, or PACE between runs: `worldloop loop`)")  # fmt: skip
     return ""
 
 
@@ -150,7 +150,7 @@ def imagined_only_gain_diagnosis(first: dict[str, Any], result: dict[str, Any], 
             "on the same initial states: RL has found actions that the world model and the judge call success and the simulator "
             "does not. Its gains there are not real: leave the task out of training (rl.train_tasks, --tasks), hold the policy nearer the "
             "base one (rl.kl_coef), or refine the world model on "
-            "the policy's real rollouts (rl.refine_every); the real | replay | imagined videos show what it imagines")  # fmt: skip
+            "the policy's real rollouts (rl.refine.every); the real | replay | imagined videos show what it imagines")  # fmt: skip
 
 
 def imagination_tracking_diagnosis(result: dict[str, Any], slight: float = 0.2, min_episodes: int = 20) -> str:

@@ -3,7 +3,7 @@
     the judge (its threshold, or a fidelity gate's per task) -> the training environment (imagined in the world model
     from a dataset's first frames and KIR's keyframes, or the real simulator) -> what watches the run (``watch``:
     reality checks, the judge's calibration, the tasks imagination tracks) -> the world model's refinement rounds
-    (rl.refine_every) -> :func:`worldloop.rl.trainer.train`
+    (rl.refine.every) -> :func:`worldloop.rl.trainer.train`
 
 What watches a run is injected: the command passes :class:`worldloop.diagnostics.monitor.Diagnostics`, and this
 package never imports the diagnostics (the layer test holds it to that). A watch is any object with the two methods
@@ -36,7 +36,7 @@ def run_rl(config: Any, policy: Any, out: str | Path, imagined: bool, world_mode
     """What ``worldloop rl`` runs once its inputs are loaded: the training environment (imagined in ``world_model``,
     judged by the ``judge`` folder or topreward:PATH, from ``dataset``'s first frames and the ``keyframes``; or the real
     simulator), what ``watch`` checks before and during training (under torchrun each rank runs its share of the
-    checks' episodes), the world model's refinement rounds (rl.refine_every), then the trainer. ``judge_task_thresholds``
+    checks' episodes), the world model's refinement rounds (rl.refine.every), then the trainer. ``judge_task_thresholds``
     (simulator task -> threshold, a fidelity gate's): the judge's own threshold for those tasks. ``watch`` None: no
     checks and no monitor. Closes every environment it opens; returns the results on rank 0, None on the others."""
     from worldloop.data.dataset import TrajectoryDataset
@@ -63,7 +63,7 @@ def run_rl(config: Any, policy: Any, out: str | Path, imagined: bool, world_mode
         if kept != sim_tasks:  # rl.train_tasks=tracked
             sim_tasks, instructions = kept, [instruction_of(task) for task in kept]
         refiner = None
-        if imagined and rl.refine_every > 0:
+        if imagined and rl.refine.every > 0:
             refiner = world_model_refiner(config, world_model, episodes, sim_tasks, out, calibration)
             if refiner.real_env is not None:  # under torchrun, rank 0's
                 closers.append(refiner.real_env)

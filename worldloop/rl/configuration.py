@@ -31,7 +31,7 @@ class RLDiagnosticsConfig:
     training env. Then the policy RL makes is one that is deployed behind that VAE (`worldloop eval --world-model`).
     In the 2026-12-03 vae-changes-first-choices run the VAE alone changed 0.32 of the policy's first action tokens. Needs --world-model
     at sim.image_size.
-    The refinement rounds' episodes (rl.refine_every) stay raw: the world model learns from the simulator's own frames."""
+    The refinement rounds' episodes (rl.refine.every) stay raw: the world model learns from the simulator's own frames."""
     threshold_per_task: bool = False
     """rl.judge_threshold 'replay': each task's replayed episodes also choose a threshold of their own, by the same
     rule within the task (the one for all stays where a task's episodes cannot choose); rl.train_tasks=tracked then
@@ -49,6 +49,31 @@ class RLDiagnosticsConfig:
     def validate(self) -> None:
         if self.stop_when_real_falls_se < 0:
             raise ValueError(f"diagnostics.stop_when_real_falls_se must be >= 0 (0: off), got {self.stop_when_real_falls_se}")
+
+
+@dataclass
+class RLRefineConfig:
+    """PACE within one run (worldloop/rl/refine.py), and how much the loop's WM Evo stage spends."""
+
+    every: int = 0
+    """PACE within one run: every this many iterations the policy runs rl.refine.episodes_per_task real episodes
+    per training task (sampled at rl.train_temperature, initial states apart from the evaluations'), and the
+    world model (the built-in one: its DiT; one of your own: through its refine_* methods, worldloop.worldmodel.protocol.WorldModelLike)
+    trains rl.refine.steps steps on them, half of each batch (the other half: the dataset's
+    training episodes of those tasks), so that it learns what the evolved policy's actions really do before RL
+    exploits what it renders wrongly (the 2026-12-02 replay-calibrated-judge run: replay kappa 0.50 -> -0.20 on door-open
+    while real success fell; worldloop/rl/refine.py). It spends real episodes; OUT/refine keeps their clips, OUT/world_model the refined world model.
+    0: never, RL in imagination alone (--env imagined only)."""
+    episodes_per_task: int = 8
+    """Real episodes per training task in each refinement round; the loop's PACE stage (loop.pace) collects as many
+    real rollouts of the stage-1 policy per task for WM Evo."""
+    steps: int = 200
+    """World-model optimizer steps per refinement round (batches of world_model.batch_size examples: the built-in's clips);
+    the loop's WM Evo trains as many steps of train-wm on from WM Base."""
+
+    def validate(self) -> None:
+        if self.every < 0 or self.episodes_per_task < 1 or self.steps < 1:
+            raise ValueError("refine.every >= 0, refine.episodes_per_task >= 1 and refine.steps >= 1 are required")
 
 
 @dataclass
@@ -125,21 +150,8 @@ class RLConfig:
     """Tasks of the periodic real evaluation; empty: the tasks that RL trains on."""
     eval_episodes_per_task: int = 4
     """Real (and imagined) evaluation episodes per task at each evaluation."""
-    refine_every: int = 0
-    """PACE within one run: every this many iterations the policy runs rl.refine_episodes_per_task real episodes
-    per training task (sampled at rl.train_temperature, initial states apart from the evaluations'), and the
-    world model (the built-in one: its DiT; one of your own: through its refine_* methods, worldloop.worldmodel.protocol.WorldModelLike)
-    trains rl.refine_steps steps on them, half of each batch (the other half: the dataset's
-    training episodes of those tasks), so that it learns what the evolved policy's actions really do before RL
-    exploits what it renders wrongly (the 2026-12-02 replay-calibrated-judge run: replay kappa 0.50 -> -0.20 on door-open
-    while real success fell; worldloop/rl/refine.py). It spends real episodes; OUT/refine keeps their clips, OUT/world_model the refined world model.
-    0: never, RL in imagination alone (--env imagined only)."""
-    refine_episodes_per_task: int = 8
-    """Real episodes per training task in each refinement round; the loop's PACE stage (loop.pace) collects as many
-    real rollouts of the stage-1 policy per task for WM Evo."""
-    refine_steps: int = 200
-    """World-model optimizer steps per refinement round (batches of world_model.batch_size examples: the built-in's clips);
-    the loop's WM Evo trains as many steps of train-wm on from WM Base."""
+    refine: RLRefineConfig = field(default_factory=RLRefineConfig)
+    """PACE within one run: the world model refined on the policy's real episodes every rl.refine.every iterations (off by default)."""
     time_limit_min: float = 0.0
     """Wall-clock budget of a run in minutes, its first and final evaluations included: the current iteration is
     the last (final evaluation, checkpoint and policy as usual) once another one, as slow as the slowest so far, and
@@ -184,7 +196,6 @@ class RLConfig:
             raise ValueError(f"0 < gamma <= 1 and 0 <= gae_lambda <= 1 are required, got {self.gamma} and {self.gae_lambda}")
         if min(self.eval_every, self.eval_episodes_per_task) < 0:
             raise ValueError("eval_every and eval_episodes_per_task must be >= 0")
-        if self.refine_every < 0 or self.refine_episodes_per_task < 1 or self.refine_steps < 1:
-            raise ValueError("refine_every >= 0, refine_episodes_per_task >= 1 and refine_steps >= 1 are required")
+        self.refine.validate()
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")

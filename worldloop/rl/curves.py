@@ -14,7 +14,7 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> Path:
     world model replaying the real actions (x).
     Right: per training iteration, the imagined success_once (overall, and from first frames and from KIR
     keyframes apart), the share of groups kept by GRPO and the share that were all-success (the signal RL
-    had); with rl.refine_every, the real success of each refinement round's rollouts (diamonds). Third:
+    had); with rl.refine.every, the real success of each refinement round's rollouts (diamonds). Third:
     approx_kl, clip_fraction and approx_kl before the update (rollout vs update numerics) per iteration, log scale."""
     import matplotlib
 
@@ -54,7 +54,7 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> Path:
             points = [(h["iteration"], h[name]) for h in history if name in h]
             if points:
                 right.plot(*zip(*points), style, linewidth=0.8, label=name)
-        rounds = [h for h in history if "world_model/refine_real_success" in h]  # rl.refine_every: the same policy in reality
+        rounds = [h for h in history if "world_model/refine_real_success" in h]  # rl.refine.every: the same policy in reality
         if rounds:
             right.plot([h["iteration"] for h in rounds], [h["world_model/refine_real_success"] for h in rounds], "D", color="k",
                        label="refinement rollouts: real success (training temperature)")  # fmt: skip

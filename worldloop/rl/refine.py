@@ -5,14 +5,14 @@ model renders those wrongly, RL exploits it: in the 2026-12-02 replay-calibrated
 the policy's real door-open actions agreed with the simulator at kappa 0.50 before RL and -0.20 after 44
 iterations, while real success fell 0.46 -> 0.13 (docs/experiments/). WoVR's answer is PACE: let the world
 model see what the evolved policy really does. `worldloop loop` does it between whole RL stages; this
-does it every ``rl.refine_every`` iterations of one run:
+does it every ``rl.refine.every`` iterations of one run:
 
-1. the policy runs ``rl.refine_episodes_per_task`` real episodes per training task, sampled at the
+1. the policy runs ``rl.refine.episodes_per_task`` real episodes per training task, sampled at the
    training temperature (the actions RL is exploring), from initial states apart from the evaluations';
 2. the world model makes its training examples of them (``refine_examples``: the built-in one encodes their
    clips with its VAE, as ``train-wm`` encodes a dataset's), which are kept
    (``OUT/refine/round_<iteration>.safetensors``, so a resumed run rebuilds the same buffer);
-3. the world model takes ``rl.refine_steps`` optimizer steps (``refine_step``) on batches drawn half from every
+3. the world model takes ``rl.refine.steps`` optimizer steps (``refine_step``) on batches drawn half from every
    round's examples so far, half from those of the dataset's training episodes of the same tasks (what it knew,
    so that it does not forget the scenes), and imagination goes on in the refined model (``use_refined``). The
    built-in one steps an fp32 copy of its DiT (the inference copy is bf16 on the GPU, too coarse for small steps)
@@ -123,9 +123,9 @@ class WorldModelRefiner:
     ):
         if not 0.0 <= ema_decay < 1.0:
             raise ValueError(f"the refinement's ema_decay must lie in [0, 1), got {ema_decay}")
-        per_task = rl.refine_episodes_per_task
+        per_task = rl.refine.episodes_per_task
         if real_env is not None and real_env.num_envs != len(tasks) * per_task:
-            raise ValueError(f"the refinement's real environment has {real_env.num_envs} envs; {len(tasks)} tasks x rl.refine_episodes_per_task {per_task} are needed")
+            raise ValueError(f"the refinement's real environment has {real_env.num_envs} envs; {len(tasks)} tasks x rl.refine.episodes_per_task {per_task} are needed")
         self.world_model, self.real_env, self.tasks, self.rl = world_model, real_env, list(tasks), rl
         self.calibrate = calibrate or CalibrateConfig()  # reward.calibrate: how a recalibration chooses the judge's threshold
         self.dataset_episodes = dataset_episodes  # read at the first round (not at start-up), then released
@@ -176,7 +176,7 @@ class WorldModelRefiner:
         began = time.perf_counter()
         episodes, success = self._real_rollouts(policy, iteration)
         reality = {"world_model/refine_real_success": success,
-                   "world_model/refine_real_episodes": float(iteration // self.rl.refine_every * self.real_env.num_envs),  # spent so far
+                   "world_model/refine_real_episodes": float(iteration // self.rl.refine.every * self.real_env.num_envs),  # spent so far
                    "time/refine_collect": time.perf_counter() - began}  # fmt: skip
         # an episode that succeeds within one chunk gives no clip; a round can have none
         episodes = [e for e in episodes if len(e.actions) > self.world_model.chunk_size]
@@ -216,8 +216,8 @@ class WorldModelRefiner:
                 | ({} if kappa is None else {"world_model/judge_replay_kappa": kappa}))  # fmt: skip
 
     def _real_rollouts(self, policy: Any, iteration: int) -> tuple[list[RealEpisode], float]:
-        per_task = self.rl.refine_episodes_per_task
-        first_episode = (iteration // self.rl.refine_every - 1) * per_task  # round r's episodes follow round r - 1's
+        per_task = self.rl.refine.episodes_per_task
+        first_episode = (iteration // self.rl.refine.every - 1) * per_task  # round r's episodes follow round r - 1's
         task_ids = [task for task in self.tasks for _ in range(per_task)]
         seeds = [refine_seed(position, first_episode + j, self.seed_offset) for position in range(len(self.tasks)) for j in range(per_task)]
         policy.eval()
@@ -226,13 +226,13 @@ class WorldModelRefiner:
         return rollout_episodes(first, rollout), float(rollout.success_once.float().mean())
 
     def _train(self, generator: torch.Generator) -> float:
-        """``rl.refine_steps`` steps of the world model, each on a batch drawn from the kept examples: half from the
+        """``rl.refine.steps`` steps of the world model, each on a batch drawn from the kept examples: half from the
         policy's rollouts, half from what it knew. Returns their mean loss."""
         pools = [self._on_device(self.rounds)] + ([self.known] if self.known is not None else [])
         batch = self.batch_size
         sizes = [batch - batch // 2, batch // 2] if len(pools) == 2 else [batch]
         losses = []
-        for _ in range(self.rl.refine_steps):
+        for _ in range(self.rl.refine.steps):
             picks = [torch.randint(_count(pool), (size,), generator=generator, device=self.device) for pool, size in zip(pools, sizes)]
             rows = {key: torch.cat([pool[key][index] for pool, index in zip(pools, picks)]) for key in pools[0]}
             losses.append(self.world_model.refine_step(rows, self.state, generator))
@@ -254,7 +254,7 @@ def _count(examples: dict[str, torch.Tensor]) -> int:
 
 
 def world_model_refiner(config: Any, world_model: Any, dataset: Any, tasks: list[str], out: str | Path, calibration: Any = None) -> WorldModelRefiner:
-    """rl.refine_every: the world model learns from the policy's real rollouts on ``tasks`` during RL, and keeps
+    """rl.refine.every: the world model learns from the policy's real rollouts on ``tasks`` during RL, and keeps
     the dataset's training episodes of those tasks (the world model's split) in view. ``config``: the run's Config.
     ``calibration`` (rl.judge_threshold=replay: the RealityCheck that chose the judge's threshold) chooses it again
     in each refined world model, from its labelled episodes. Under torchrun rank 0 alone opens the refinement's
@@ -268,7 +268,7 @@ def world_model_refiner(config: Any, world_model: Any, dataset: Any, tasks: list
             wanted[text] -= 1
             chosen.append(index)
     main = distributed.is_main()  # the one that collects and learns
-    real_env = make_env(config, len(tasks) * config.rl.refine_episodes_per_task, tasks=tasks) if main else None
+    real_env = make_env(config, len(tasks) * config.rl.refine.episodes_per_task, tasks=tasks) if main else None
     refiner = WorldModelRefiner(world_model, real_env, tasks, dataset.episodes(chosen) if main else (), config.rl, config.world_model, out,
                                 seed=config.seed, calibrate=config.reward.calibrate)  # fmt: skip
     if calibration is not None and calibration.labelled is not None:

@@ -31,7 +31,7 @@ KEEP_CHECKPOINTS = 2
 
 class RLRun:
     """One RL run's folder, checkpoints, logs and watchers. ``modules`` and ``stateful`` are what a checkpoint holds
-    (the policy, its optimizer, and a refiner's own); ``refiner`` (None unless it refines, rl.refine_every) and
+    (the policy, its optimizer, and a refiner's own); ``refiner`` (None unless it refines, rl.refine.every) and
     ``monitor`` (:class:`worldloop.diagnostics.monitor.RunMonitor`, optional) are checkpointed and restored with them."""
 
     def __init__(self, out: str | Path, rl: RLConfig, modules: dict[str, Any], stateful: dict[str, Any], refiner: Any = None, monitor: Any = None,
@@ -52,7 +52,7 @@ class RLRun:
             _, start, extra = resumed
             self.history = extra["history"]
             if extra.get("refining") and self.refiner is None:  # its refined world model lives in the checkpoint: without it the run would go on in the old one
-                raise ValueError(f"{self.out} refined its world model on the policy's real rollouts (rl.refine_every); resume it with the same rl.refine_* settings")
+                raise ValueError(f"{self.out} refined its world model on the policy's real rollouts (rl.refine.every); resume it with the same rl.refine_* settings")
             if self.refiner is not None:
                 self.refiner.restore(start)
             if self.monitor is not None:

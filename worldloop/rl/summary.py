@@ -90,7 +90,7 @@ def sources_by_task_rows(result: dict[str, Any]) -> list[str]:
 
 def results_table(evaluations: list[dict[str, Any]], history: list[dict[str, Any]] = ()) -> str:
     """Markdown: real and imagined success (± standard error) at each evaluation; with ``history`` of a run with
-    rl.refine_every, its world-model refinement rounds."""
+    rl.refine.every, its world-model refinement rounds."""
     real = "real success_once" + (" (observed through the VAE)" if any(r.get("real_through_codec") for r in evaluations) else "")
     lines = [f"| iteration | {real} | imagined success_once | agreement (chance, kappa) |", "|---|---|---|---|"]
     for result in evaluations:
@@ -112,7 +112,7 @@ def results_table(evaluations: list[dict[str, Any]], history: list[dict[str, Any
     if rounds:
         judged = any("world_model/judge_threshold" in h for h in rounds)  # rl.judge_threshold=replay: chosen again each round
         columns = ["iteration", "real episodes so far", "their real success this round", "loss before", "loss after", "seconds"]
-        lines += ["", "World-model refinement on the policy's real rollouts (rl.refine_every): the DiT's loss on each round's new clips,",
+        lines += ["", "World-model refinement on the policy's real rollouts (rl.refine.every): the DiT's loss on each round's new clips,",
                   "on the same noise, before and after the round" + (", and the judge's threshold chosen again on the calibration's" if judged else ":")]
         if judged:
             lines.append("episodes replayed in the refined world model (kappa against the simulator):")

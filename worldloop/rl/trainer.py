@@ -11,7 +11,7 @@ One iteration, top to bottom (:func:`train`):
 5. update: several epochs of shuffled minibatches of valid chunks (fewer when groups were dropped, so each
    holds as many trajectories as a full batch's), gradient clipping, AdamW whose
    learning rate warms up linearly over the first ``LR_WARMUP_STEPS`` optimizer steps;
-6. every ``refine_every`` iterations, when a refiner is given (:mod:`worldloop.rl.refine`), the world model
+6. every ``rl.refine.every`` iterations, when a refiner is given (:mod:`worldloop.rl.refine`), the world model
    learns from the policy's own real rollouts (under torchrun on rank 0, whose refined weights every rank then takes);
 7. the monitor, when given, watches: reality checks, warnings, stop rules and the time budget
    (:class:`worldloop.diagnostics.monitor.RunMonitor`; this module does not import it); atomic checkpoints
@@ -81,7 +81,7 @@ def train(
     ``out``. Reruns with the same ``out`` resume from the latest checkpoint.
     ``monitor``: what watches the run (:class:`worldloop.diagnostics.monitor.RunMonitor`: reality checks, warnings,
     stop rules); its ``state()`` is checkpointed. ``refiner``: called as ``refiner(policy, iteration)`` every
-    ``rl.refine_every`` iterations, returning metrics; its ``modules`` and ``stateful`` are checkpointed with the
+    ``rl.refine.every`` iterations, returning metrics; its ``modules`` and ``stateful`` are checkpointed with the
     policy's, ``restore(iteration)`` rebuilds the rest on resume, and ``save(out / "world_model")`` keeps the refined
     world model (:class:`worldloop.rl.refine.WorldModelRefiner`). ``console``: one line of metrics per iteration;
     ``progress_bar``: a tqdm bar."""
@@ -100,7 +100,7 @@ def train(
     optimizer = torch.optim.AdamW(parameters, lr=rl.lr, weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / LR_WARMUP_STEPS) if LR_WARMUP_STEPS else 1.0)
     reference = copy.deepcopy(policy).eval().requires_grad_(False) if rl.kl_coef > 0 else None  # rl.kl_coef's starting policy
-    refiner = refiner if refiner is not None and rl.refine_every > 0 else None
+    refiner = refiner if refiner is not None and rl.refine.every > 0 else None
     run = RLRun(out, rl, {"policy": policy} | ({"reference": reference} if reference is not None else {}),
                 {"optimizer": optimizer, "scheduler": scheduler}, refiner, monitor, console)  # fmt: skip
     start, ended = run.start(policy)
@@ -166,7 +166,7 @@ def train(
         metrics |= {"actor/update_steps": float(update_steps), "time/update": time.perf_counter() - update_began}
 
         # 6. The world model learns what the updated policy really does, before RL can exploit what it renders wrongly.
-        if refiner is not None and (iteration + 1) % rl.refine_every == 0:
+        if refiner is not None and (iteration + 1) % rl.refine.every == 0:
             metrics |= refiner(policy, iteration + 1)
 
         # 7. Log; the monitor watches (reality checks, warnings, stop rules); atomic checkpoints.

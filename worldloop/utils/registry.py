@@ -21,7 +21,7 @@ What each kind of class must offer:
 - simulator: ``Class(sim_config, num_envs, tasks=None)``, a VecEnv (:mod:`worldloop.envs.protocol`);
 - world model: ``from_pretrained(folder, device, **sampling)`` returning a world model
   (:class:`worldloop.worldmodel.protocol.WorldModelLike`: what the imagined environment steps and, where RL refines it,
-  rl.refine_every > 0, what the refinement trains through its ``refine_*`` methods).
+  rl.refine.every > 0, what the refinement trains through its ``refine_*`` methods).
 """
 
 from __future__ import annotations

@@ -32,14 +32,14 @@ class RefinementState(Protocol):
 class WorldModelLike(Protocol):
     """A world model as worldloop uses it. The imagined environment needs ``image_size``, ``chunk_size``,
     ``action_dim``, ``reset`` and ``step``. The rest is needed only to refine the world model on the policy's real
-    rollouts during RL (rl.refine_every > 0, in ``worldloop rl`` or the loop's RL stages:
+    rollouts during RL (rl.refine.every > 0, in ``worldloop rl`` or the loop's RL stages:
     :class:`worldloop.rl.refine.WorldModelRefiner`, which trains the world model through these methods alone); a world
     model without them imagines as well. Refinement runs, per round:
 
         state = model.start_refinement(config, lr, ema_decay)     # once, before the first round
         examples = model.refine_examples(real_episodes, state, seed)  # kept, and drawn from in every later round
         before = model.refine_loss(examples, state, generator)
-        for _ in range(rl.refine_steps):
+        for _ in range(rl.refine.steps):
             model.refine_step(batch, state, generator)            # batch: rows of the examples kept so far
         after = model.refine_loss(examples, state, generator)
         model.use_refined(state)                                  # imagination goes on in the refined model

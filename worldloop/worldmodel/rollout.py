@@ -9,7 +9,7 @@ generated latent the next memory (no decode / re-encode of the context).
 A model folder holds ``config.json`` (kind ``world_model``: sizes, image size, action
 normalisation), ``model.safetensors`` (the DiT's EMA weights) and ``vae/`` (diffusers format).
 
-The ``refine_*`` methods fine-tune the DiT on new real episodes during RL (rl.refine_every: the refinement
+The ``refine_*`` methods fine-tune the DiT on new real episodes during RL (rl.refine.every: the refinement
 methods of :class:`worldloop.worldmodel.protocol.WorldModelLike`), with train-wm's loss.
 """
 
