@@ -14,6 +14,7 @@ from worldloop.config import load_config
 from worldloop.policies import load_policy
 from worldloop.rewards import load_judge
 from worldloop.sims import make_env
+from worldloop.sims.tasks import resolve_tasks
 from worldloop.utils.registry import JUDGES, POLICIES, SIMULATORS, WORLD_MODELS, Registry
 
 PLUGINS = '''
@@ -69,6 +70,8 @@ def test_a_users_classes_plug_in_by_import_path(tmp_path, plugins):
     config = load_config("tiny-cpu", ["sim.backend=my_plugins:MySim"])
     env = make_env(config, 3, tasks=["reach-v3"])
     assert isinstance(env, plugins.MySim) and env.num_envs == 3 and env.tasks == ["reach-v3"]
+    # a simulator without a task table of its own takes the registered simulators' tasks
+    assert resolve_tasks(load_config("tiny-cpu", ["sim.backend=my_plugins:MySim", "sim.tasks=[reach]"]).sim) == ["reach-v3"]
 
     judge = load_judge("my_plugins:MyJudge=/weights/mine", "cpu", config.reward)
     assert isinstance(judge, plugins.MyJudge) and judge.path == "/weights/mine" and judge.config is config.reward

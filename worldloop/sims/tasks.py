@@ -229,14 +229,16 @@ def known_instructions() -> dict[str, str]:
 
 
 def resolve_tasks(sim_config) -> list[str]:
-    """The tasks a run uses: ``sim.tasks`` when set, else the whole ``sim.suite``, of the simulator sim.backend names."""
+    """The tasks a run uses: ``sim.tasks`` when set, else the whole ``sim.suite``, of the simulator sim.backend names
+    (one without a task table: of any registered simulator)."""
+    backend = sim_config.backend if task_table(sim_config.backend) is not None else None
     if sim_config.tasks:
-        tasks = [check_task(t, sim_config.backend) for t in sim_config.tasks]
+        tasks = [check_task(t, backend) for t in sim_config.tasks]
         duplicates = sorted({t for t in tasks if tasks.count(t) > 1})
         if duplicates:
             raise ValueError(f"sim.tasks lists {', '.join(duplicates)} more than once")
         return tasks
-    return suite_tasks(sim_config.suite, sim_config.backend)
+    return suite_tasks(sim_config.suite, backend)
 
 
 def sim_tasks(instructions: list[str]) -> list[str]:
