@@ -74,15 +74,16 @@ class SimConfig:
             return
         if table.cameras and self.camera not in table.cameras:
             raise ValueError(f"camera='{self.camera}' is not a {table.name} camera; allowed: {', '.join(table.cameras)}")
-        known = {suite: name for name, other in task_tables() for suite in other.suites}
-        if self.suite.lower() not in known and self.suite.lower() not in table.suites:
-            raise ValueError(f"suite='{self.suite}' is unknown; allowed: {', '.join([*known, *(s for s in table.suites if s not in known)])}")
-        if not self.tasks and self.suite.lower() not in table.suites:
+        tables = [other for _, other in task_tables()]
+        suite = self.suite.lower()
+        known = list(dict.fromkeys([*(s for other in tables for s in other.suites), *table.suites]))
+        if suite not in known:
+            raise ValueError(f"suite='{self.suite}' is unknown; allowed: {', '.join(known)}")
+        if not self.tasks and suite not in table.suites:
             raise ValueError(f"suite='{self.suite}' is not a suite of sim.backend='{self.backend}'")
-        others = [other for name, other in task_tables() if other is not table]
+        others = [other for other in tables if other is not table]
         if any(table.canonical(str(t)) is None and any(other.canonical(str(t)) for other in others) for t in self.tasks):
             raise ValueError(f"sim.tasks {self.tasks} mixes in tasks of another simulator than sim.backend='{self.backend}'")
-
 
 def use_suite(sim_config: SimConfig, suite: str) -> None:
     """Point ``sim_config`` at ``suite`` (clearing sim.tasks), switching sim.backend to the registered simulator whose

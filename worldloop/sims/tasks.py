@@ -187,8 +187,9 @@ def owner(name: str, backend: str | None = None) -> tuple[TaskTable, str]:
         raise TypeError(f"a task name must be a string, got {type(name).__name__}: {name!r}")
     tables = [task_table(backend)] if backend is not None else [table for _, table in task_tables()]
     for table in tables:
-        if table is not None and table.canonical(name) is not None:
-            return table, table.canonical(name)
+        canonical = table.canonical(name) if table is not None else None
+        if canonical is not None:
+            return table, canonical
     explaining = next((table for table in tables if table is not None and table.claims(name)), tables[0])
     if explaining is None:
         raise ValueError(f"sim.backend '{backend}' offers no task table (its class's task_table: worldloop.sims.tasks.TaskTable)")
