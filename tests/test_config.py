@@ -78,7 +78,7 @@ def test_saved_config_round_trips(tmp_path):
     assert load_saved_config(tmp_path) == config
 
 
-LEAF_KNOBS = 119
+LEAF_KNOBS = 116
 """The most leaf fields the schema may hold."""
 
 
@@ -125,15 +125,18 @@ def test_the_knob_count_stays_small():
     """Leaf knobs: 197 on 2026-12-04 before the configuration was pruned, 190 after the first pass, 160 after the second,
     157 before the third, 133 before the fourth and 116 after it; 118 with the held-out gate's interval floor and
     per-task thresholds (loop.gate_min_kappa_lower, loop.gate_threshold_per_task, 2026-12-06); 119 with the judge's
-    replays of episodes the world model did not train on (loop.judge_rollouts_per_task, 2026-12-07)."""
+    replays of episodes the world model did not train on (loop.judge_rollouts_per_task, 2026-12-07); 116 again with
+    one per-task threshold switch for the gate and RL (reward.calibrate.threshold_per_task), the noisy share of expert
+    episodes fixed (NOISY_FRACTION) and vae.pretrained folded into vae.init (2026-12-07)."""
     assert len(leaf_fields(Config)) <= LEAF_KNOBS
 
 
 @pytest.mark.parametrize(
     "override, words",
     [
-        ("rl.judge_threshold_per_task=true", ["'rl.judge_threshold_per_task' is now 'rl.diagnostics.threshold_per_task'"]),
+        ("rl.judge_threshold_per_task=true", ["'rl.judge_threshold_per_task' is now 'reward.calibrate.threshold_per_task'"]),
         ("loop.evo_wm_steps=300", ["'loop.evo_wm_steps' is now 'rl.refine.steps'"]),
+        ("rl.eval_every=5", ["'rl.eval_every' is now 'rl.checks.every'"]),
         ("sft.augment_blur=0.5", ["'sft.augment_blur' was retired", "sft.augment_codec"]),
         ("rl.keep_checkpoints=3", ["'rl.keep_checkpoints' was retired (now always 2)"]),
         ("world_model.action_guidance=2", ["'world_model.action_guidance' was retired (now always 1.0)", "2026-12-03-action-guidance"]),
@@ -206,6 +209,7 @@ def test_a_run_saved_before_the_keys_moved_still_loads():
     config = load_saved_config(folder)
     assert config.reward.training.steps == 2000 and config.reward.training.threshold_from == "episode_kappa"
     assert config.rl.refine.episodes_per_task == 8 and config.loop.gate_min_kappa == 0.6
+    assert config.rl.checks.every == 0 and config.rl.checks.episodes_per_task == 16
 
 
 def test_what_is_saved_with_a_model_is_named_and_is_in_its_folder():

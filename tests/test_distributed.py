@@ -284,9 +284,9 @@ def _rl_checks_and_one_iteration(out: Path, overrides: list[str]):
     reality.make_env, reality.imagined_env = toy_env, toy_imagined  # the toy world, and its tasks' seeds, in place of Meta-World's
     reality.eval_seed = lambda task, episode: 1000 * tasks.index(task) + episode
     try:
-        config = load_config("tiny-cpu", ["rl.eval_episodes_per_task=24", "rl.judge_threshold=replay", "rl.train_tasks=tracked", "eval.greedy=true", "eval.videos_per_task=2",
+        config = load_config("tiny-cpu", ["rl.checks.episodes_per_task=24", "rl.judge_threshold=replay", "rl.train_tasks=tracked", "eval.greedy=true", "eval.videos_per_task=2",
                                           "rl.diagnostics.imagined_actions_in_reality=true",
-                                          "rl.eval_tasks=[]", "rl.iterations=1", "rl.eval_every=1", "rl.num_groups=2", "rl.group_size=4", "rl.max_steps=16", *overrides])  # fmt: skip
+                                          "rl.checks.tasks=[]", "rl.iterations=1", "rl.checks.every=1", "rl.num_groups=2", "rl.group_size=4", "rl.max_steps=16", *overrides])  # fmt: skip
         torch.manual_seed(0)
         policy, judge, closers = ToyPolicy(), ToyJudge(threshold=1e-3), []
         check, calibration, kept = reality.rl_checks(config, policy, ToyWorldModel(), judge, None, "cpu", closers, tasks, out)

@@ -21,7 +21,7 @@ from worldloop.experiment import ARMS, gpu_slots, real_episode_budget, run_exper
 from worldloop.loop import Inputs
 from worldloop.diagnostics.monitor import train_watched
 from worldloop.diagnostics.reality import RealityCheck
-from worldloop.rl.configuration import RLDiagnosticsConfig
+from worldloop.rl.configuration import RLChecksConfig, RLDiagnosticsConfig
 from worldloop.rl.evaluate import EVAL_SEED_OFFSET, evaluation_seeds
 from worldloop.utils.stats import holm, mean_with_stderr, normal_p, paired_test, permutation_p, sign_flip_p, sign_test_p
 
@@ -213,7 +213,7 @@ def test_a_rewarded_arm_beats_its_shuffled_control_on_the_toy_world_across_seeds
             policy.load_state_dict(base_policy.state_dict())
             torch.manual_seed(seed)
             check = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=imagined(episodes, 1))
-            rl = config(iterations=20, num_groups=8, eval_every=0, diagnostics=RLDiagnosticsConfig(shuffled_scores=control))
+            rl = config(iterations=20, num_groups=8, checks=RLChecksConfig(every=0), diagnostics=RLDiagnosticsConfig(shuffled_scores=control))
             results = train_watched(policy, imagined(rl.num_groups * rl.group_size, rl.group_size), rl, tmp_path / f"{arm}{seed}", seed=seed,
                                     reality_check=check, console=False, progress_bar=False)  # fmt: skip
             first, last = results["evaluations"][0]["per_episode"]["real"], results["evaluations"][-1]["per_episode"]["real"]

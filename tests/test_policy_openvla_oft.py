@@ -137,7 +137,7 @@ def test_grpo_through_the_rl_command_on_the_tiny_checkpoint(checkpoint, tmp_path
 
     out = tmp_path / "rl"
     code = main(["rl", "--preset", "micro", "--env", "real", "--policy", f"openvla-oft:{checkpoint}", "--out", str(out), "--no-progress",
-                 "rl.iterations=1", "rl.eval_episodes_per_task=0", "rl.filter_groups=false", "rl.entropy_coef=0.01",
+                 "rl.iterations=1", "rl.checks.episodes_per_task=0", "rl.filter_groups=false", "rl.entropy_coef=0.01",
                  "sim.max_steps=16", "sim.num_workers=1"])  # fmt: skip
     assert code == 0
     history = json.loads((out / "results.json").read_text())["history"]

@@ -135,7 +135,7 @@ def test_streak_score_is_the_highest_threshold_at_which_the_verdicts_pass():
             frames, active = torch.zeros(2, K, 2, 2, 3, dtype=torch.uint8), torch.ones(2, dtype=torch.bool)
             success = torch.stack([verdicts.update(frames, ["a", "b"], active) for _ in range(4)]).any(dim=0)
             assert success.tolist() == (streak_score(probability, needed) >= threshold).tolist(), (needed, threshold)
-    # a threshold of its own for instruction "b" (rl.diagnostics.threshold_per_task); "a" keeps the judge's
+    # a threshold of its own for instruction "b" (reward.calibrate.threshold_per_task); "a" keeps the judge's
     judge = ScriptedJudge(probability.T.tolist())
     judge.threshold, judge.task_thresholds = 0.85, {"b": 0.96}
     verdicts = ChunkVerdicts(judge, 1)

@@ -15,7 +15,7 @@ from worldloop.envs.imagined import ImaginedEnv
 from worldloop.envs.toy import ToyEnv, ToyJudge, ToyWorldModel
 from worldloop.envs.toy import instruction as toy_instruction
 from worldloop.rewards.configuration import CalibrateConfig
-from worldloop.rl.configuration import RLConfig, RLDiagnosticsConfig
+from worldloop.rl.configuration import RLChecksConfig, RLConfig, RLDiagnosticsConfig
 from worldloop.diagnostics.reality import CheckOptions, RealityCheck
 from worldloop.diagnostics.monitor import train_watched
 from worldloop.diagnostics.warnings import LARGE_UPDATE
@@ -54,7 +54,7 @@ def test_rl_in_imagination_raises_real_success(tmp_path):
     policy = ToyPolicy()
     episodes = 192
     check = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=imagined(episodes, 1))
-    rl = config(iterations=30, num_groups=8, eval_every=0)
+    rl = config(iterations=30, num_groups=8, checks=RLChecksConfig(every=0))
     env = imagined(rl.num_groups * rl.group_size, rl.group_size)
     results = train_watched(policy, env, rl, tmp_path / "run", reality_check=check, console=False)
 
@@ -103,7 +103,7 @@ def test_rl_with_shuffled_scores_does_not_raise_real_success(tmp_path):
     torch.manual_seed(0)
     episodes = 192
     check = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=imagined(episodes, 1))
-    rl = config(iterations=30, num_groups=8, eval_every=0, diagnostics=RLDiagnosticsConfig(shuffled_scores=True))
+    rl = config(iterations=30, num_groups=8, checks=RLChecksConfig(every=0), diagnostics=RLDiagnosticsConfig(shuffled_scores=True))
     results = train_watched(ToyPolicy(), imagined(rl.num_groups * rl.group_size, rl.group_size), rl, tmp_path / "run", reality_check=check, console=False)
     before, after = results["evaluations"][0]["real"], results["evaluations"][-1]["real"]
     assert after["success_once"] - before["success_once"] < 2 * math.hypot(before["stderr"], after["stderr"]), (before, after)
@@ -143,7 +143,7 @@ def test_a_resumed_run_keeps_the_warnings_from_before_the_resume(tmp_path):
     def run(iterations: int) -> dict:
         torch.manual_seed(0)
         check = RealityCheck(ToyEnv(32), [TASK], 32, imagined_env=ShuffledStarts(imagined(32, 1)), options=GREEDY)
-        return train_watched(ToyPolicy(), imagined(32, 8), config(iterations=iterations, eval_every=1), tmp_path / "run", reality_check=check, console=False)
+        return train_watched(ToyPolicy(), imagined(32, 8), config(iterations=iterations, checks=RLChecksConfig(every=1)), tmp_path / "run", reality_check=check, console=False)
 
     first = run(1)
     assert [w["iteration"] for w in first["warnings"]][:1] == [0], first["warnings"]
@@ -281,8 +281,8 @@ def test_bad_input_gives_clear_errors(tmp_path):
         train_watched(ToyPolicy(), imagined(16, 8), config(), tmp_path / "y", console=False)
     with pytest.raises(ValueError, match="group_size >= 2"):
         RLConfig(group_size=1).validate()
-    with pytest.raises(ValueError, match="eval_episodes_per_task"):
-        RLConfig(eval_episodes_per_task=-1).validate()
+    with pytest.raises(ValueError, match="checks.episodes_per_task"):
+        RLConfig(checks=RLChecksConfig(episodes_per_task=-1)).validate()
     with pytest.raises(ValueError, match="success_chunks"):
         RLConfig(success_chunks=0).validate()
 
@@ -295,7 +295,7 @@ def test_rl_command_refuses_incomplete_input(tmp_path, capsys):
     args = ["rl", "--policy", "p", "--world-model", "wm", "--judge", "rw", "--dataset", "d", "--out", str(tmp_path / "run")]
     assert main(args + ["rl.kir_ratio=0.5"]) == 2
     assert "no --keyframes" in capsys.readouterr().err
-    assert main(args + ["rl.kir_ratio=0", "rl.judge_threshold=replay", "rl.eval_episodes_per_task=0"]) == 2
+    assert main(args + ["rl.kir_ratio=0", "rl.judge_threshold=replay", "rl.checks.episodes_per_task=0"]) == 2
     assert "rl.judge_threshold=replay replays real episodes" in capsys.readouterr().err
     assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.refine.every=5"]) == 2
     assert "--env real has none to refine" in capsys.readouterr().err
@@ -307,8 +307,8 @@ def test_rl_command_refuses_incomplete_input(tmp_path, capsys):
     assert "train_tasks 'tracked'" in capsys.readouterr().err
     assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.diagnostics.imagined_actions_in_reality=true"]) == 2
     assert "rl.diagnostics.imagined_actions_in_reality=true replays the imagined episodes' actions in the simulator: it needs" in capsys.readouterr().err
-    assert main(args + ["rl.kir_ratio=0", "rl.diagnostics.imagined_actions_in_reality=true", "rl.eval_episodes_per_task=0"]) == 2
-    assert "rl.eval_episodes_per_task > 0 (got 0)" in capsys.readouterr().err
+    assert main(args + ["rl.kir_ratio=0", "rl.diagnostics.imagined_actions_in_reality=true", "rl.checks.episodes_per_task=0"]) == 2
+    assert "rl.checks.episodes_per_task > 0 (got 0)" in capsys.readouterr().err
     assert main(["rl", "--env", "real", "--policy", "p", "--out", str(tmp_path / "run"), "rl.diagnostics.reality_through_codec=true"]) == 2
     assert "rl.diagnostics.reality_through_codec=true shows the policy the simulator through the world model's VAE: it needs --world-model" in capsys.readouterr().err
     assert main(args + ["--keyframes", "k", "rl.judge_threshold=replay"]) == 2  # complete arguments: on to loading them
@@ -321,7 +321,7 @@ def test_the_reality_check_shares_the_calibrations_environments_only_on_the_same
     from worldloop.diagnostics.reality import reality_check
     from worldloop.config import ConfigError, load_config
 
-    config = load_config("micro", ["rl.eval_episodes_per_task=2"])
+    config = load_config("micro", ["rl.checks.episodes_per_task=2"])
     closers = []
     try:
         calibration = reality_check(config, ["reach-v3", "push-v3"], None, None, None, "cpu", closers, first_episode=2)
@@ -378,11 +378,11 @@ def test_each_check_is_kept_on_disk_as_soon_as_it_is_made(tmp_path):
     """A run cut short after its first check (here the second check fails) keeps that check in evaluations.json;
     a finished run's evaluations.json holds the same checks as its results.json."""
     with pytest.raises(IndexError):  # ScriptedCheck has one rate: the second check finds none
-        train_watched(ToyPolicy(), imagined(32, 8), config(iterations=3, eval_every=1), tmp_path / "cut", reality_check=ScriptedCheck([0.5]), progress_bar=False)
+        train_watched(ToyPolicy(), imagined(32, 8), config(iterations=3, checks=RLChecksConfig(every=1)), tmp_path / "cut", reality_check=ScriptedCheck([0.5]), progress_bar=False)
     kept = json.loads((tmp_path / "cut" / "evaluations.json").read_text())
     assert [check["iteration"] for check in kept["evaluations"]] == [0] and kept["evaluations"][0]["real"]["success_once"] == 0.5
     assert not (tmp_path / "cut" / "results.json").exists()
-    results = train_watched(ToyPolicy(), imagined(32, 8), config(iterations=2, eval_every=1), tmp_path / "run", reality_check=ScriptedCheck([0.5, 0.5, 0.5]),
+    results = train_watched(ToyPolicy(), imagined(32, 8), config(iterations=2, checks=RLChecksConfig(every=1)), tmp_path / "run", reality_check=ScriptedCheck([0.5, 0.5, 0.5]),
                     progress_bar=False)  # fmt: skip
     kept = json.loads((tmp_path / "run" / "evaluations.json").read_text())
     assert kept["evaluations"] == json.loads((tmp_path / "run" / "results.json").read_text())["evaluations"] and len(results["evaluations"]) == 3
@@ -402,7 +402,7 @@ def test_a_fall_in_real_success_stops_rl_with_the_last_weights_that_held(tmp_pat
 
     torch.manual_seed(0)
     check = ScriptedCheck([0.5, 0.45, 0.3, 0.6])
-    rl = config(iterations=4, num_groups=4, eval_every=1, diagnostics=RLDiagnosticsConfig(stop_when_real_falls_se=2.0))
+    rl = config(iterations=4, num_groups=4, checks=RLChecksConfig(every=1), diagnostics=RLDiagnosticsConfig(stop_when_real_falls_se=2.0))
     run = tmp_path / "run"
     results = train_watched(ToyPolicy(), imagined(32, 8), rl, run, reality_check=check, console=False)
     assert [e["iteration"] for e in results["evaluations"]] == [0, 1, 2] and results["iterations"] == 2
@@ -430,22 +430,22 @@ def test_the_time_limit_leaves_room_for_the_final_evaluation(tmp_path, monkeypat
     assert not time_is_up(540, 60, 0, False, 10)  # no evaluations: the iteration alone, ending at the limit
 
     torch.manual_seed(0)
-    rl = config(iterations=3, num_groups=4, eval_every=0, time_limit_min=1e-6)
+    rl = config(iterations=3, num_groups=4, checks=RLChecksConfig(every=0), time_limit_min=1e-6)
     results = train_watched(ToyPolicy(), imagined(32, 8), rl, tmp_path / "run", reality_check=ScriptedCheck([0.5, 0.5]), console=False)
     assert results["iterations"] == 1 and [e["iteration"] for e in results["evaluations"]] == [0, 1]
     assert (tmp_path / "run" / "results.json").is_file()
-    rl = config(iterations=3, num_groups=4, eval_every=0, time_limit_min=60)
+    rl = config(iterations=3, num_groups=4, checks=RLChecksConfig(every=0), time_limit_min=60)
     results = train_watched(ToyPolicy(), imagined(32, 8), rl, tmp_path / "long", reality_check=ScriptedCheck([0.5, 0.5]), console=False)
     assert results["iterations"] == 3 and [e["iteration"] for e in results["evaluations"]] == [0, 3]
 
     # resumed, a run expects its iterations and final evaluation to last as long as the checkpoint's did
     from worldloop.diagnostics import monitor as monitor_lib
 
-    rl = config(iterations=1, num_groups=4, eval_every=0, time_limit_min=60)
+    rl = config(iterations=1, num_groups=4, checks=RLChecksConfig(every=0), time_limit_min=60)
     first = train_watched(ToyPolicy(), imagined(32, 8), rl, tmp_path / "resumed", reality_check=ScriptedCheck([0.5] * 3), console=False)
     calls = []
     monkeypatch.setattr(monitor_lib, "time_is_up", lambda *args: calls.append(args) or False)
-    rl = config(iterations=2, num_groups=4, eval_every=0, time_limit_min=60)
+    rl = config(iterations=2, num_groups=4, checks=RLChecksConfig(every=0), time_limit_min=60)
     train_watched(ToyPolicy(), imagined(32, 8), rl, tmp_path / "resumed", reality_check=ScriptedCheck([0.5] * 3), console=False)
     _, iteration_s, eval_s, _, _ = calls[0]
     assert iteration_s >= first["history"][0]["time/iteration"] and eval_s == first["evaluations"][-1]["seconds"] > 0
@@ -460,7 +460,7 @@ def test_an_optimistic_imagined_environment_is_diagnosed_once(tmp_path):
     episodes = 32
     always = ImaginedEnv(ToyWorldModel(), ToyJudge(radius=10.0), make_pool(32, 3), episodes, 1, max_steps=16, kir_ratio=0.0)
     check = RealityCheck(ToyEnv(episodes), [TASK], episodes, imagined_env=always)
-    rl = config(iterations=2, num_groups=2, eval_every=1)
+    rl = config(iterations=2, num_groups=2, checks=RLChecksConfig(every=1))
     results = train_watched(ToyPolicy(), imagined(16, 8), rl, tmp_path / "run", reality_check=check, console=False)
     first = results["evaluations"][0]
     assert first["imagined"]["success_once"] == 1.0 and first["real"]["success_once"] < 0.5, first
@@ -477,7 +477,7 @@ def test_a_pessimistic_imagined_environment_is_diagnosed(tmp_path):
     episodes = 64
     never = ImaginedEnv(ToyWorldModel(), ToyJudge(radius=-1.0), make_pool(32, 3), episodes, 1, max_steps=16, kir_ratio=0.0)
     check = RealityCheck(ToyEnv(episodes, radius=0.5), [TASK], episodes, imagined_env=never)  # an easy real task
-    results = train_watched(ToyPolicy(), imagined(16, 8), config(iterations=1, num_groups=2, eval_every=1), tmp_path / "run", reality_check=check, console=False)
+    results = train_watched(ToyPolicy(), imagined(16, 8), config(iterations=1, num_groups=2, checks=RLChecksConfig(every=1)), tmp_path / "run", reality_check=check, console=False)
     first = results["evaluations"][0]
     assert first["imagined"]["success_once"] == 0.0 and first["real"]["success_once"] > 0.4, first
     # a judge that never fires tracks nothing either: its verdicts agree with reality only by chance
@@ -568,7 +568,7 @@ def test_rl_shows_and_logs_the_imagined_episodes_actions_in_the_simulator(tmp_pa
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     check = RealityCheck(ToyEnv(8), [TASK], 8, imagined_env=imagined(8, 1), options=CheckOptions(imagined_actions_in_reality=True))
-    train_watched(ToyPolicy(), imagined(32, 8), config(iterations=1, eval_every=1), tmp_path / "run", reality_check=check, progress_bar=False)
+    train_watched(ToyPolicy(), imagined(32, 8), config(iterations=1, checks=RLChecksConfig(every=1)), tmp_path / "run", reality_check=check, progress_bar=False)
     console = capsys.readouterr().out
     assert "the imagined episodes' actions done in the simulator: " in console
     assert "since iteration 0, paired: real " in console  # the second check, iteration 1
@@ -786,7 +786,7 @@ class SqueezedOn(ToyJudge):
 
 
 def test_each_task_gets_a_threshold_of_its_own_where_one_for_all_fits_neither(tmp_path, capsys):
-    """rl.diagnostics.threshold_per_task: where a judge scores two tasks on different scales, one threshold for all
+    """reward.calibrate.threshold_per_task: where a judge scores two tasks on different scales, one threshold for all
     sits where one task's verdicts agree with the simulator less; each task's own episodes choose one that
     agrees within the task. The judge holds them per instruction, the imagined environment judges by them,
     a resumed run reads them back, and rl.train_tasks=tracked judges each task at its own."""
@@ -823,8 +823,8 @@ def test_each_task_gets_a_threshold_of_its_own_where_one_for_all_fits_neither(tm
     at_one = judged_on_real_frames()
     assert min(at_own) > min(at_one), (at_own, at_one)
     # rl's calibration step: saved, printed, plotted with each task's own mark, read back by a resumed run
-    rl = RLConfig(judge_threshold="replay", diagnostics=RLDiagnosticsConfig(threshold_per_task=True))
-    calibrate = CalibrateConfig(threshold_tolerance_se=0.0)
+    rl = RLConfig(judge_threshold="replay")
+    calibrate = CalibrateConfig(threshold_tolerance_se=0.0, threshold_per_task=True)
     judge.threshold, judge.task_thresholds = 0.5, {}
     path = tmp_path / "judge_calibration.json"
     saved = calibrate_threshold(calibration, policy, judge, rl, path, calibrate)  # new real episodes: thresholds near, not equal to, own's
@@ -836,8 +836,6 @@ def test_each_task_gets_a_threshold_of_its_own_where_one_for_all_fits_neither(tm
     calibrate_threshold(None, policy, judge, rl, path)
     assert judge.threshold == saved["threshold"] and judge.task_thresholds == saved["instruction_thresholds"]
     assert tracked_tasks(saved, tasks, calibrate.threshold_significance_se) == tasks
-    with pytest.raises(ValueError, match="diagnostics.threshold_per_task chooses thresholds as rl.judge_threshold 'replay' does"):
-        RLConfig(diagnostics=RLDiagnosticsConfig(threshold_per_task=True)).validate()
 
 
 def test_a_reality_check_across_resolutions_is_refused_before_it_runs():
@@ -929,7 +927,7 @@ def test_a_run_names_a_task_that_gains_in_imagination_only_and_goes_on_training_
             started.append(sorted(set(task_ids)))
             return super().reset(task_ids, seeds)
 
-    results = train_watched(ToyPolicy(), Recorded(32, tasks=tasks), config(iterations=4, eval_every=1), tmp_path / "run", tasks=[0, 1],
+    results = train_watched(ToyPolicy(), Recorded(32, tasks=tasks), config(iterations=4, checks=RLChecksConfig(every=1)), tmp_path / "run", tasks=[0, 1],
                             reality_check=check, console=False)  # fmt: skip
     assert results["iterations"] == 4 and started == [[0, 1]] * 4
     named = [w for w in results["warnings"] if w["message"].startswith(f"{IMAGINED_ONLY} on reach-bottom-left: from iteration 0 to 2")]

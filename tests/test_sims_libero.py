@@ -158,7 +158,7 @@ def test_collect_on_libero_writes_a_lerobot_v3_dataset(tmp_path):
     from worldloop.data.collect import collect
     from worldloop.data.dataset import TrajectoryDataset
 
-    config = load_config("libero-cpu", ["sim.tasks=[libero_spatial-0]", "sim.max_steps=24", "collect.num_envs=1", "collect.noisy_fraction=0"])
+    config = load_config("libero-cpu", ["sim.tasks=[libero_spatial-0]", "sim.max_steps=24", "collect.num_envs=1"])
     out = tmp_path / "ds"
     summary = collect(config, out, episodes_per_task=1, progress=False)
     assert summary["overall"]["episodes"] == 1

@@ -129,14 +129,14 @@ def test_a_users_simulator_supplies_its_tasks_and_runs_collect_eval_and_rl(line_
     results = read_json(tmp_path / "ev-policy" / "results.json")
     assert results["episodes"] == 2 and results["per_task"]["line-left"]["instruction"] == "bring the square to the left end"
 
-    # rl in the simulator itself: one GRPO iteration with reality checks before and after (the preset's rl.eval_tasks
+    # rl in the simulator itself: one GRPO iteration with reality checks before and after (the preset's rl.checks.tasks
     # are Meta-World's: refused by name)
     out = tmp_path / "rl"
     rl = ["rl", "--policy", str(tmp_path / "policy"), "--env", "real", "--out", str(out), "--no-progress", "--preset", "tiny-cpu", *TINY, *sim,
-          "rl.iterations=1", "rl.num_groups=2", "rl.group_size=2", "rl.max_steps=32", "rl.eval_episodes_per_task=1", "rl.update_epochs=1",
+          "rl.iterations=1", "rl.num_groups=2", "rl.group_size=2", "rl.max_steps=32", "rl.checks.episodes_per_task=1", "rl.update_epochs=1",
           "rl.num_minibatches=1"]  # fmt: skip
-    assert main(rl) == 2 and "rl.eval_tasks: unknown line task 'drawer-close-v3'" in capsys.readouterr().err
-    assert main([*rl, "rl.eval_tasks=[]"]) == 0
+    assert main(rl) == 2 and "rl.checks.tasks: unknown line task 'drawer-close-v3'" in capsys.readouterr().err
+    assert main([*rl, "rl.checks.tasks=[]"]) == 0
     trained = read_json(out / "results.json")
     assert trained["iterations"] == 1 and (out / "policy").is_dir()
     assert set(trained["evaluations"][-1]["real"]["per_task"]) == {"line-left", "line-right"}

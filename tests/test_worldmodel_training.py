@@ -150,7 +150,8 @@ def test_train_vae_writes_a_loadable_folder_and_metrics(tmp_path):
 
 def test_train_vae_continues_from_an_earlier_vae_with_init(tmp_path, monkeypatch):
     """vae.init: training starts from an earlier train-vae's weights (a VAE grows over several runs), not from a
-    fresh initialisation; its latent statistics are measured again; pretrained and init together are refused."""
+    fresh initialisation; its latent statistics are measured again; with 0 steps it is taken as it is, statistics too;
+    0 steps without init is refused."""
     from worldloop.config import ConfigError, load_config
 
     episodes = square_episodes(3, seed=2, length=12)
@@ -169,8 +170,13 @@ def test_train_vae_continues_from_an_earlier_vae_with_init(tmp_path, monkeypatch
     assert len(continued.config.latents_mean) == continued.config.z_dim
     with pytest.raises(FileNotFoundError, match="no config.json"):
         train_vae(VAEConfig(steps=1, init=str(tmp_path / "missing")), episodes[:2], episodes[2:], tmp_path / "c", CPU)
-    with pytest.raises(ConfigError, match="exclude each other"):
-        load_config("tiny-cpu", [f"vae.pretrained={tmp_path / 'a'}", f"vae.init={tmp_path / 'a'}"])
+    as_is = train_vae(VAEConfig(steps=0, init=str(tmp_path / "b")), episodes[:2], episodes[2:], tmp_path / "d", CPU)
+    taken = vae_lib.load_vae(tmp_path / "d")
+    assert as_is["steps"] == 0 and as_is["image_size"] is None and taken.config.latents_mean == continued.config.latents_mean
+    for name, value in taken.state_dict().items():
+        assert torch.equal(value, continued.state_dict()[name]), name
+    with pytest.raises(ConfigError, match="or 0 with init"):
+        load_config("tiny-cpu", ["vae.steps=0"])
 
 
 def skip_vae_measurements(monkeypatch):

@@ -75,9 +75,6 @@ class LoopConfig:
     gate_min_kappa_lower: float = 0.3
     """The fidelity gate: the lower bound of a task's bootstrap 95 % kappa interval must lie above this too (with 24
     evaluation episodes a kappa of 0.6 can rest on 3 successes)."""
-    gate_threshold_per_task: bool = False
-    """The fidelity gate: each task's calibration episodes choose a judge threshold of its own (the one for all where
-    they cannot); RL in the loop judges each task at its own."""
     time_budget_min: float = 0.0
     """Wall-clock minutes for the whole loop (`loop --time-budget`): the RL stages get what the stages before them
     left, less a minute for each stage after them; 0: no budget (each stage as its own settings say)."""

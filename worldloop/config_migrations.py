@@ -13,7 +13,9 @@ from typing import Any
 
 RENAMED: dict[str, str] = {
     "rl.eval_imagined_actions_in_reality": "rl.diagnostics.imagined_actions_in_reality",
-    "rl.judge_threshold_per_task": "rl.diagnostics.threshold_per_task",
+    "rl.judge_threshold_per_task": "reward.calibrate.threshold_per_task",
+    "rl.diagnostics.threshold_per_task": "reward.calibrate.threshold_per_task",
+    "loop.gate_threshold_per_task": "reward.calibrate.threshold_per_task",
     "rl.stop_when_real_falls_se": "rl.diagnostics.stop_when_real_falls_se",
     "rl.reality_through_codec": "rl.diagnostics.reality_through_codec",
     "rl.eval_videos_per_task": "eval.videos_per_task",
@@ -23,6 +25,9 @@ RENAMED: dict[str, str] = {
     "reward.classifier.threshold_significance_se": "reward.calibrate.threshold_significance_se",
     **{f"reward.classifier.{name}": f"reward.training.{name}"
        for name in ("threshold_from", "steps", "batch_size", "lr")},
+    "rl.eval_every": "rl.checks.every",
+    "rl.eval_tasks": "rl.checks.tasks",
+    "rl.eval_episodes_per_task": "rl.checks.episodes_per_task",
     "rl.refine_every": "rl.refine.every",
     "rl.refine_episodes_per_task": "rl.refine.episodes_per_task",
     "rl.refine_steps": "rl.refine.steps",
@@ -110,6 +115,8 @@ RETIRED: dict[str, tuple[Any, str]] = {
        for key in ("rl.drop_imagined_only", "rl.diagnostics.drop_imagined_only")},
     **{key: (False, "remove the key (measured once, in docs/experiments/2026-12-04-grown-world-model-tracks-door-open.md)")
        for key in ("rl.eval_imagination_repeat", "rl.diagnostics.imagination_repeat")},
+    "vae.pretrained": (None, "`vae.init=PATH vae.steps=0` takes a VAE as it is"),
+    "collect.noisy_fraction": (0.5, "remove the key (worldloop.data.configuration.NOISY_FRACTION; zero noise in expert.* collects clean episodes)"),
     "rl.lr_warmup_steps": (16, "remove the key (worldloop.rl.trainer.LR_WARMUP_STEPS)"),
     "rl.target_kl": (None, "remove the key (no run stopped an update early: the learning rate warms up instead)"),
     "rl.max_grad_norm": (1.0, "remove the key (worldloop.rl.trainer.MAX_GRAD_NORM)"),

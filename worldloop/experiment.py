@@ -259,7 +259,7 @@ def gather_verdicts(run: Path) -> dict[str, Any]:
 
 def rl_checks(folder: Path, stages: list[str]) -> dict[str, Any] | None:
     """RL's first reality check (of its first stage) and last one (of its last stage): real and imagined success on the
-    same initial states (rl.eval_episodes_per_task per task)."""
+    same initial states (rl.checks.episodes_per_task per task)."""
     evaluations = []
     for stage in stages:
         for name in ("results.json", "evaluations.json"):

@@ -10,8 +10,8 @@ from worldloop.utils.runfolder import RunSpec
 
 HELP = """Collect trajectories in the real simulator into a LeRobot v3.0 dataset (--out DIR).
 
-Runs the planned episodes (collect.episodes_per_task per task of sim.suite / sim.tasks, a
-collect.noisy_fraction of them with the noisy expert) in parallel simulator workers. Every
+Runs the planned episodes (collect.episodes_per_task per task of sim.suite / sim.tasks, every
+other one with the noisy expert) in parallel simulator workers. Every
 finished episode is committed at once; rerunning the same command on the same DIR resumes.
 Example: worldloop collect --out runs/c5 --episodes-per-task 5 sim.image_size=128"""
 

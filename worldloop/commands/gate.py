@@ -12,7 +12,7 @@ HELP = """The fidelity gate, run by `worldloop loop` before RL: on each task, lo
 episodes of --policy (initial states apart from the evaluations'), judged at every chunk's end on their real frames
 and on their actions replayed open loop in --world-model. Each task's episodes are dealt alternately into a
 calibration half, on which the judge's threshold is chosen (one for all tasks, or each its own with
-loop.gate_threshold_per_task), and an evaluation half, on which alone every verdict is measured: an episode is a
+reward.calibrate.threshold_per_task), and an evaluation half, on which alone every verdict is measured: an episode is a
 success once rl.success_chunks consecutive verdicts pass, and a task passes when the Cohen's kappa of its replays'
 verdicts against the simulator's is at least loop.gate_min_kappa and the lower bound of its bootstrap 95 % interval
 lies above loop.gate_min_kappa_lower. RL in the loop trains on the passing tasks with exactly this judge, rule and
@@ -23,7 +23,7 @@ Example: worldloop gate --policy runs/mw/policy_base --world-model runs/mw/wm_ba
          --dataset runs/mw/rollouts_base --out runs/mw/gate"""
 
 RUN = RunSpec(("seed", "sim", "eval", "reward", "world_model", "rl", "loop.gate_episodes_per_task", "loop.gate_min_kappa",
-               "loop.gate_min_kappa_lower", "loop.gate_threshold_per_task"))
+               "loop.gate_min_kappa_lower"))
 
 FIRST_EPISODE = 1000
 """The gate's real episodes use the eval verb's initial states from this episode number on: apart from every

@@ -13,7 +13,7 @@ HELP = """Post-train a policy with RL (masked GRPO by default, rl.algorithm=ppo 
 or topreward:PATH), starting from the first frames of --dataset and, for a fraction rl.kir_ratio
 of the groups, from the KIR keyframes in --keyframes (written by `worldloop kir`).
 --env real: GRPO straight in the real simulator (the baseline that spends real trajectories).
-Every rl.eval_every iterations the policy is evaluated in the real simulator on rl.eval_tasks and,
+Every rl.checks.every iterations the policy is evaluated in the real simulator on rl.checks.tasks and,
 from the same initial states, in imagination (the imagination-reality gap), and the gap is traced: the
 judge on the real episodes' frames, and the world model replaying their actions open loop. RUN holds config.yaml,
 tb/ (TensorBoard), checkpoints/ (rerun to resume), results.json, results.md, curves.png, policy/ (final)
@@ -95,7 +95,7 @@ def certified_by_gate(args: argparse.Namespace, config: Config) -> tuple[Config,
             raise ConfigError(f"--gate {args.gate}: no task passed it ({args.gate}/gate.md), so RL's reward would be noise on every task")
         args.tasks = ",".join(gate["passed"])
     rl = dataclasses.replace(config.rl, judge_threshold=float(gate["threshold"]), success_chunks=int(gate["rule"]["success_chunks"]),
-                             train_tasks="all", diagnostics=dataclasses.replace(config.rl.diagnostics, threshold_per_task=False))  # fmt: skip
+                             train_tasks="all")  # fmt: skip
     return dataclasses.replace(config, rl=rl), {task: float(t) for task, t in gate["task_thresholds"].items()}
 
 

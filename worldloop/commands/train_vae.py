@@ -8,7 +8,8 @@ from worldloop.config import Config, save_config
 from worldloop.utils.runfolder import RunSpec
 
 HELP = """Train the world model's video VAE (diffusers AutoencoderKLWan, vae.size) from scratch on the
-frames of --dataset, or load vae.pretrained (a local diffusers folder, e.g. the Wan2.2 VAE).
+frames of --dataset, or on from vae.init (a local diffusers folder: an earlier --out, or the Wan2.2 VAE;
+with vae.steps=0 it is taken as it is).
 Writes a diffusers-format VAE folder to --out with metrics.json (held-out PSNR/SSIM), TensorBoard
 logs in OUT/tb and checkpoints; rerunning the same command resumes.
 Example: worldloop train-vae --dataset runs/data --out runs/vae vae.steps=2000"""
@@ -42,7 +43,7 @@ def describe(metrics: dict) -> str:
     held = metrics.get("held_out") or {}
     speed = f" ({metrics['clips_per_s']:.1f} clips/s)" if metrics.get("clips_per_s") else ""
     trained = (f"{metrics['steps']} steps, {metrics['train_seconds_this_run']:.0f} s this run{speed}, "
-               f"{metrics['parameters_millions']:.1f} M parameters") if metrics["steps"] else "vae.pretrained loaded, no training"  # fmt: skip
+               f"{metrics['parameters_millions']:.1f} M parameters") if metrics["steps"] else "vae.init taken as it is, no training"  # fmt: skip
     if not held:
         return trained
     where = "training clips (the dataset has too few episodes to hold any out)" if metrics.get("held_out_is_train") else "held-out clips"

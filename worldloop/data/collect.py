@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from worldloop.config import CONFIG_FILENAME, ConfigError, load_saved_config, save_config
-from worldloop.data.configuration import FPS, PLAN_DEFINING
+from worldloop.data.configuration import FPS, NOISY_FRACTION, PLAN_DEFINING
 from worldloop.utils.io import atomic_write_json
 from worldloop.utils.stats import rate_with_stderr
 
@@ -174,7 +174,7 @@ def collect(
             raise ConfigError(f"{out} holds episodes collected by policy {', '.join(others)}; collect with --policy {policy_name} into another folder")
         done_keys = writer.completed_keys()
         # the expert's noise plan means nothing to a policy: none of its episodes is a noisy expert's
-        noisy_fraction = config.collect.noisy_fraction if policy_name == "expert" else 0.0
+        noisy_fraction = NOISY_FRACTION if policy_name == "expert" else 0.0
         plan = collection_plan(tasks, n_per_task, noisy_fraction, config.seed, first_episode)
         todo = [p for p in plan if p.key not in done_keys]
         if max_episodes is not None:

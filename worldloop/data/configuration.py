@@ -14,8 +14,11 @@ PLAN_DEFINING = (
     "sim.max_steps",
     "sim.success_hold_steps",
     "expert",
-    "collect.noisy_fraction",
 )
+
+NOISY_FRACTION = 0.5
+"""Share of each task's expert episodes collected with the noisy expert (`expert.*`; every other episode); the rest
+are clean. Zero noise in `expert.*` makes every episode clean."""
 
 FPS = 20
 """Frame rate recorded in every collected dataset and its videos, and of the evaluation videos (LIBERO's control rate)."""
@@ -29,11 +32,7 @@ class CollectConfig:
     """Episodes recorded for every task of the suite."""
     num_envs: int = 4
     """Environments stepped together (spread over `sim.num_workers` processes)."""
-    noisy_fraction: float = 0.5
-    """Fraction of each task's episodes collected with the noisy expert (`expert.*`); the rest are clean."""
 
     def validate(self) -> None:
         if self.episodes_per_task < 1 or self.num_envs < 1:
             raise ValueError(f"episodes_per_task and num_envs must be >= 1, got {self.episodes_per_task}, {self.num_envs}")
-        if not 0 <= self.noisy_fraction <= 1:
-            raise ValueError(f"noisy_fraction must be in [0, 1], got {self.noisy_fraction}")

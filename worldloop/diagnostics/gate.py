@@ -361,7 +361,7 @@ def measure(config: Any, tasks: Sequence[str], policy: Any, world_model: Any, ju
 
 def gate_rule(config: Any) -> GateRule:
     """The gate's rule as the configuration says: the episode rule of RL's imagined environment (rl.success_chunks),
-    the pass rule (loop.gate_*) and the threshold's standard-error rules (reward.calibrate)."""
+    the pass rule (loop.gate_*) and the threshold's rules (reward.calibrate)."""
     loop, calibrate = config.loop, config.reward.calibrate
-    return GateRule(config.rl.success_chunks, loop.gate_threshold_per_task, loop.gate_min_kappa, loop.gate_min_kappa_lower,
+    return GateRule(config.rl.success_chunks, calibrate.threshold_per_task, loop.gate_min_kappa, loop.gate_min_kappa_lower,
                     calibrate.threshold_tolerance_se, calibrate.threshold_significance_se)  # fmt: skip

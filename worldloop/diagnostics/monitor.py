@@ -4,7 +4,7 @@ The trainer (:func:`worldloop.rl.trainer.train`) knows nothing of this module: i
 methods of :class:`RunMonitor` (``restore``, ``state``, ``start``, ``after_iteration``, ``finish``) and calls them at
 the start of a run, after each iteration and at its end. :class:`RunMonitor`:
 
-- every ``rl.eval_every`` iterations (and before the first and after the last) runs the reality check: real-simulator
+- every ``rl.checks.every`` iterations (and before the first and after the last) runs the reality check: real-simulator
   success and imagined success from the same initial states, and where their gap comes from (TensorBoard, console,
   ``OUT/evaluations.json`` at once);
 - turns each check and each iteration's metrics into warnings (:mod:`worldloop.diagnostics.warnings`);
@@ -94,7 +94,7 @@ class RunMonitor:
         self.diagnose_update(iteration, metrics)
         self.slowest_iteration = max(self.slowest_iteration, metrics["time/iteration"])
         checking = self.reality_check is not None
-        evaluating = checking and bool(self.rl.eval_every) and iteration % self.rl.eval_every == 0
+        evaluating = checking and bool(self.rl.checks.every) and iteration % self.rl.checks.every == 0
         out_of_time = time_is_up(time.perf_counter() - self.run_began, self.slowest_iteration, self.eval_seconds if checking else 0.0,
                                  evaluating, self.rl.time_limit_min)  # fmt: skip
         out_of_time = distributed.broadcast_object(out_of_time)  # rank 0's clock: every rank checks (or stops) alike

@@ -54,20 +54,20 @@ from worldloop.utils.stats import agreement_beyond_chance, format_kappa, kappa_a
 
 def reality_check(config: Config, tasks: list[str], world_model, judge, dataset, device, closers: list, first_episode: int = 0,
                   shared=None, keyframes: str | None = None, video_dir: str | Path | None = None):  # fmt: skip
-    """rl's reality check: rl.eval_episodes_per_task real episodes per task of ``tasks`` from the eval verb's
+    """rl's reality check: rl.checks.episodes_per_task real episodes per task of ``tasks`` from the eval verb's
     initial states (episode numbers from ``first_episode`` on) and, with a world model and judge, the same in
     imagination, and with ``keyframes`` (a KIR folder) in imagination from those keyframes too. Its environments
     are ``shared``'s (a check on the same tasks) or new ones, added to ``closers``. It samples as the eval verb does
     and writes eval.videos_per_task videos per task into ``video_dir`` when that is given. Under torchrun the
     environments hold this rank's share of the episodes (:class:`RealityCheck`)."""
-    per_task = config.rl.eval_episodes_per_task
+    per_task = config.rl.checks.episodes_per_task
     count = len(tasks) * per_task
     if shared is not None and shared.task_of_episode == [task for task in tasks for _ in range(per_task)]:
         real_env, gap_env = shared.real_env, shared.imagined_env
     else:
         count = len(distributed.dealt(count))  # this process's episodes
         if count == 0:
-            raise ConfigError(f"rl.eval_episodes_per_task={per_task} on {len(tasks)} tasks: {len(tasks) * per_task} episodes cannot be dealt over "
+            raise ConfigError(f"rl.checks.episodes_per_task={per_task} on {len(tasks)} tasks: {len(tasks) * per_task} episodes cannot be dealt over "
                               f"{distributed.world_size()} processes; run at least one per process")  # fmt: skip
         real_env = through_codec(make_env(config, count, tasks=tasks), world_model, config)
         closers.append(real_env)
@@ -84,7 +84,7 @@ def reality_check(config: Config, tasks: list[str], world_model, judge, dataset,
 
 def rl_checks(config: Config, policy, world_model, judge, dataset, device, closers: list, train_tasks: list[str], out: Path,
               keyframes: str | None = None):  # fmt: skip
-    """rl's reality check (None with rl.eval_episodes_per_task 0) on rl.eval_tasks (default: the training tasks),
+    """rl's reality check (None with rl.checks.episodes_per_task 0) on rl.checks.tasks (default: the training tasks),
     and with rl.judge_threshold=replay first the judge's calibration on other initial states of the same tasks
     (OUT/judge_calibration.json), which with rl.train_tasks=tracked also narrows the training tasks. Returns
     (check, calibration or None, the simulator tasks to train on).
@@ -92,18 +92,18 @@ def rl_checks(config: Config, policy, world_model, judge, dataset, device, close
     Under torchrun every rank calls it and runs its share of both checks' episodes (:class:`RealityCheck`); all of
     them choose the same thresholds and keep the same tasks from all the episodes, and rank 0 alone writes."""
     rl = config.rl
-    if rl.eval_episodes_per_task == 0:
+    if rl.checks.episodes_per_task == 0:
         return None, None, train_tasks
-    try:  # the simulator's own tasks (a preset's rl.eval_tasks may name another simulator's)
-        eval_tasks, calibration = [check_task(task, config.sim.backend) for task in rl.eval_tasks] or list(train_tasks), None
+    try:  # the simulator's own tasks (a preset's rl.checks.tasks may name another simulator's)
+        eval_tasks, calibration = [check_task(task, config.sim.backend) for task in rl.checks.tasks] or list(train_tasks), None
     except ValueError as error:
-        raise ConfigError(f"rl.eval_tasks: {error}") from None
+        raise ConfigError(f"rl.checks.tasks: {error}") from None
     if rl.judge_threshold == "replay":  # on initial states apart from the evaluations', which stay out of sample
-        calibration = reality_check(config, eval_tasks, world_model, judge, dataset, device, closers, first_episode=rl.eval_episodes_per_task)
+        calibration = reality_check(config, eval_tasks, world_model, judge, dataset, device, closers, first_episode=rl.checks.episodes_per_task)
         calibrated = calibrate_threshold(calibration, policy, judge, rl, out / "judge_calibration.json", config.reward.calibrate)
         if rl.train_tasks == "tracked":
             train_tasks = tracked_tasks(calibrated, train_tasks, config.reward.calibrate.threshold_significance_se)
-            eval_tasks = list(rl.eval_tasks) or list(train_tasks)
+            eval_tasks = list(rl.checks.tasks) or list(train_tasks)
     check = reality_check(config, eval_tasks, world_model, judge, dataset, device, closers, shared=calibration, keyframes=keyframes,
                           video_dir=out / "videos")  # fmt: skip
     if calibration is not None and check.real_env is not calibration.real_env:
@@ -114,8 +114,8 @@ def rl_checks(config: Config, policy, world_model, judge, dataset, device, close
 
 def check_diagnostics(rl, world_model: bool, judge: bool) -> None:
     """A clear error, before anything loads, for an rl.diagnostics switch (or rl.judge_threshold=replay) without what it measures with."""
-    checks = world_model and judge and rl.eval_episodes_per_task > 0
-    needs = f"--world-model, --judge and rl.eval_episodes_per_task > 0 (got {rl.eval_episodes_per_task})"
+    checks = world_model and judge and rl.checks.episodes_per_task > 0
+    needs = f"--world-model, --judge and rl.checks.episodes_per_task > 0 (got {rl.checks.episodes_per_task})"
     for on, does in ((rl.diagnostics.imagined_actions_in_reality, "rl.diagnostics.imagined_actions_in_reality=true replays the imagined episodes' actions in the simulator"),
                      (rl.judge_threshold == "replay", "rl.judge_threshold=replay replays real episodes in the world model")):  # fmt: skip
         if on and not checks:
@@ -144,7 +144,7 @@ def calibrate_threshold(calibration, policy, judge, rl, path, calibrate=None) ->
         return result
     began = time.perf_counter()
     result = calibration.calibrate_judge(policy, calibrate.threshold_tolerance_se, calibrate.threshold_significance_se,
-                                         rl.diagnostics.threshold_per_task)  # fmt: skip
+                                         calibrate.threshold_per_task)  # fmt: skip
     result["seconds"] = time.perf_counter() - began  # its cost: one real evaluation and one replay
     labelled = calibration.all_labelled()
     if not distributed.is_main():
@@ -179,7 +179,7 @@ def calibrate_threshold(calibration, policy, judge, rl, path, calibrate=None) ->
 
 
 def own_thresholds(calibration: dict) -> str:
-    """'; per task: door-open-v3 0.912, ...' for rl.diagnostics.threshold_per_task's calibration, '' otherwise."""
+    """'; per task: door-open-v3 0.912, ...' for reward.calibrate.threshold_per_task's calibration, '' otherwise."""
     own = calibration.get("task_thresholds") or {}
     listed = ", ".join(f"{task} {'as for all' if threshold is None else f'{threshold:.3f}'}" for task, threshold in own.items())
     return f"; per task: {listed}" if listed else ""
@@ -195,7 +195,7 @@ def tracked_tasks(calibration: dict, candidates: list[str], significance_se: flo
 
     def described(task: str) -> str:
         if task not in per_task:
-            return f"{task} not calibrated (not in rl.eval_tasks)"
+            return f"{task} not calibrated (not in rl.checks.tasks)"
         kappa = per_task[task]["kappa"]
         return f"{task} " + ("undefined" if kappa is None else format_kappa(kappa, per_task[task]["kappa_stderr"]))
 

@@ -42,7 +42,7 @@ class SuccessClassifier(nn.Module):
         self.task_index = {text: i for i, text in enumerate(self.instructions)}
         self.input_size = int(input_size)
         self.threshold = float(threshold)
-        self.task_thresholds: dict[str, float] = {}  # rl.diagnostics.threshold_per_task's, not saved
+        self.task_thresholds: dict[str, float] = {}  # reward.calibrate.threshold_per_task's, not saved
         self.image_size = image_size  # side of the frames it was trained on (None: unknown, older folders)
         self.backbone = torchvision.models.resnet18(weights=None)
         self.backbone.fc = nn.Identity()

@@ -68,7 +68,7 @@ class TOPRewardConfig:
 
 @dataclass
 class CalibrateConfig:
-    """How a judge's threshold is chosen on the kappa of its per-episode verdicts (train-reward, rl.judge_threshold 'replay')."""
+    """How a judge's threshold is chosen on the kappa of its per-episode verdicts (train-reward, the fidelity gate, rl.judge_threshold 'replay')."""
 
     threshold_tolerance_se: float = 1.0
     """Wherever a threshold is chosen by the kappa of per-episode verdicts against the simulator's (train-reward's
@@ -77,6 +77,12 @@ class CalibrateConfig:
     episodes is ~0.15, so its argmax is noise: the 2026-12-02 gap-sources-blame-the-judge run's landed on 0.125 (kappa 0.22 +- 0.17), whose
     judge then passed 0.90 of the base policy's real episodes (real 0.45), and RL learned to fail in ways it passed.
     RL is paid for a false success and only loses signal on a missed one."""
+    threshold_per_task: bool = False
+    """Wherever a threshold is chosen on replays against the simulator (the fidelity gate's calibration half, rl.judge_threshold
+    'replay'): each task's episodes also choose one of their own by the same rule (the one for all stays where a task's
+    cannot), and RL judges each task at its own. One threshold for all is where the tasks' replays score alike; the nineteenth H200
+    one-threshold-for-all-tasks run's did not: door-open's replays agreed with the simulator at kappa ~0.35 around 0.9 and at 0 at the
+    0.998 that button-press-topdown's chose for all (docs/results.md). Within a task the choice rests on fewer episodes, so it is noisier."""
     threshold_significance_se: float = 2.0
     """Where a threshold is chosen as above: only thresholds whose kappa is above 0 by more than this many standard
     errors are chosen; where none is, the judge keeps its threshold (and rl warns that its reward is noise). Without

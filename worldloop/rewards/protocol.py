@@ -26,7 +26,7 @@ class Judge(Protocol):
     threshold: float
     """Success when ``probability(score) >= threshold``."""
     task_thresholds: dict[str, float]
-    """Per instruction, a threshold in place of ``threshold`` (rl.diagnostics.threshold_per_task sets them; empty: one for all)."""
+    """Per instruction, a threshold in place of ``threshold`` (reward.calibrate.threshold_per_task sets them; empty: one for all)."""
     device: torch.device
 
     def score(self, windows: torch.Tensor, instructions: Sequence[str]) -> torch.Tensor:

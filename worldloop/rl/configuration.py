@@ -24,7 +24,7 @@ class RLDiagnosticsConfig:
     against the imagined verdicts. Says whether a task imagination fails (door-open in the 2026-12-03 reality-through-the-vae run:
     0.04 imagined, 0.35 real) fails for the policy's actions on imagined frames or for the world model's rendering of
     them. One more real run per check (results.json imagined_actions_in_reality). Needs --world-model, --judge and
-    rl.eval_episodes_per_task > 0."""
+    rl.checks.episodes_per_task > 0."""
     reality_through_codec: bool = False
     """The policy observes the real simulator through the world model's VAE (worldloop/envs/codec.py), as it
     observes imagination: the reality checks (calibration, tracking, the stop rule) and, with --env real, the
@@ -32,13 +32,6 @@ class RLDiagnosticsConfig:
     In the 2026-12-03 vae-changes-first-choices run the VAE alone changed 0.32 of the policy's first action tokens. Needs --world-model
     at sim.image_size.
     The refinement rounds' episodes (rl.refine.every) stay raw: the world model learns from the simulator's own frames."""
-    threshold_per_task: bool = False
-    """rl.judge_threshold 'replay': each task's replayed episodes also choose a threshold of their own, by the same
-    rule within the task (the one for all stays where a task's episodes cannot choose); rl.train_tasks=tracked then
-    judges each task at its own. One threshold for all is where the tasks' replays score alike; the nineteenth H200
-    one-threshold-for-all-tasks run's did not: door-open's replays agreed with the simulator at kappa ~0.35 around 0.9 and at 0 at the
-    0.998 that button-press-topdown's chose for all (docs/results.md). Within a task the choice rests on fewer
-    episodes (rl.eval_episodes_per_task), so it is noisier."""
     shuffled_scores: bool = False
     """A control run (GRPO only). Each group's trajectory scores are permuted among its members before
     the advantages, so a rollout is credited with another rollout's score from the same initial state: the kept
@@ -49,6 +42,24 @@ class RLDiagnosticsConfig:
     def validate(self) -> None:
         if self.stop_when_real_falls_se < 0:
             raise ValueError(f"diagnostics.stop_when_real_falls_se must be >= 0 (0: off), got {self.stop_when_real_falls_se}")
+
+
+@dataclass
+class RLChecksConfig:
+    """The reality checks of a run (worldloop/diagnostics/reality.py): the policy in the real simulator, and in
+    imagination from the same initial states, before the first iteration, every rl.checks.every iterations and after the last."""
+
+    every: int = 10
+    """A reality check every this many iterations; 0: only before and after training."""
+    tasks: list[str] = field(default_factory=list)
+    """Tasks of the reality checks; empty: the tasks that RL trains on."""
+    episodes_per_task: int = 4
+    """Real (and imagined) episodes per task at each check; 0: no checks. rl.judge_threshold 'replay' calibrates on
+    as many more per task."""
+
+    def validate(self) -> None:
+        if min(self.every, self.episodes_per_task) < 0:
+            raise ValueError(f"checks.every and checks.episodes_per_task must be >= 0, got {self.every} and {self.episodes_per_task}")
 
 
 @dataclass
@@ -97,7 +108,7 @@ class RLConfig:
     """The judge's success threshold for RL and its imagined evaluations, in place of the judge's own (the
     classifier's saved one, TOPReward's reward.topreward.threshold); null keeps it. `calibrate-reward
     --world-model` suggests one from imagined frames. 'replay': chosen before training on the base
-    policy's own real episodes (rl.eval_episodes_per_task per evaluation task, initial states apart from the
+    policy's own real episodes (rl.checks.episodes_per_task per evaluation task, initial states apart from the
     evaluations'), replayed in the world model with their own actions: the highest threshold whose
     per-episode verdicts agree with the simulator's within reward.calibrate.threshold_tolerance_se standard errors
     of the best kappa (OUT/judge_calibration.json; a resumed run keeps it). The 2026-12-02 gap-sources-blame-the-judge run's judge,
@@ -110,8 +121,8 @@ class RLConfig:
     than reward.calibrate.threshold_significance_se standard errors beyond chance at the chosen threshold; rl stops
     with an error when none does. Where imagination cannot tell a task's successes from its failures, RL's
     reward there is noise (the 2026-12-02 judge-never-says-success run's window tasks: kappa -0.17 and -0.09) while the shared
-    policy still changes there. The calibration runs on rl.eval_tasks (default: every candidate); the
-    evaluations then on rl.eval_tasks when set, else on the tasks kept."""
+    policy still changes there. The calibration runs on rl.checks.tasks (default: every candidate); the
+    evaluations then on rl.checks.tasks when set, else on the tasks kept."""
     kir_ratio: float = 0.5
     """Fraction of imagined initial states drawn from KIR keyframes (the rest are episodes' first frames); 0 without keyframes."""
     train_temperature: float = 1.6
@@ -144,12 +155,8 @@ class RLConfig:
     """PPO: discount per chunk in GAE."""
     gae_lambda: float = 0.95
     """PPO: GAE lambda."""
-    eval_every: int = 10
-    """Real-simulator evaluation (and the imagined one from the same initial states) every this many iterations; 0: only before and after training."""
-    eval_tasks: list[str] = field(default_factory=list)
-    """Tasks of the periodic real evaluation; empty: the tasks that RL trains on."""
-    eval_episodes_per_task: int = 4
-    """Real (and imagined) evaluation episodes per task at each evaluation."""
+    checks: RLChecksConfig = field(default_factory=RLChecksConfig)
+    """The reality checks: real-simulator evaluations (and imagined ones from the same initial states) before, during and after training."""
     refine: RLRefineConfig = field(default_factory=RLRefineConfig)
     """PACE within one run: the world model refined on the policy's real episodes every rl.refine.every iterations (off by default)."""
     time_limit_min: float = 0.0
@@ -172,9 +179,6 @@ class RLConfig:
             raise ValueError(f"success_chunks must be >= 1, got {self.success_chunks}")
         if isinstance(self.judge_threshold, float) and not 0.0 < self.judge_threshold < 1.0:
             raise ValueError(f"judge_threshold is a probability in (0, 1), 'replay' or null, got {self.judge_threshold}")
-        if self.diagnostics.threshold_per_task and self.judge_threshold != "replay":
-            raise ValueError(f"diagnostics.threshold_per_task chooses thresholds as rl.judge_threshold 'replay' does; "
-                             f"judge_threshold is {self.judge_threshold}")  # fmt: skip
         if self.train_tasks == "tracked" and self.judge_threshold != "replay":
             raise ValueError(f"train_tasks 'tracked' keeps the tasks that rl.judge_threshold 'replay' finds tracked; judge_threshold is {self.judge_threshold}")
         if not 0.0 <= self.kir_ratio <= 1.0:
@@ -194,8 +198,7 @@ class RLConfig:
             raise ValueError("entropy_coef and kl_coef must be >= 0")
         if not (0 < self.gamma <= 1 and 0 <= self.gae_lambda <= 1):
             raise ValueError(f"0 < gamma <= 1 and 0 <= gae_lambda <= 1 are required, got {self.gamma} and {self.gae_lambda}")
-        if min(self.eval_every, self.eval_episodes_per_task) < 0:
-            raise ValueError("eval_every and eval_episodes_per_task must be >= 0")
+        self.checks.validate()
         self.refine.validate()
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")

@@ -207,7 +207,7 @@ class WorldModelRefiner:
         began = time.perf_counter()
         rl = self.rl
         result = self.judge_check.recalibrate_judge(self.calibrate.threshold_tolerance_se, self.calibrate.threshold_significance_se,
-                                                    rl.diagnostics.threshold_per_task)  # fmt: skip
+                                                    self.calibrate.threshold_per_task)  # fmt: skip
         result["seconds"] = time.perf_counter() - began  # one replay of the calibration's episodes
         if distributed.is_main():
             atomic_write_json(self.out / f"judge_{iteration:06d}.json", result)  # a resumed run takes the threshold back from here

@@ -219,7 +219,7 @@ def train_vae_run(config: Config, episodes: list, steps: int, device: torch.devi
     from worldloop.worldmodel.train_vae import train_vae
 
     never = 10**9
-    vae = dataclasses.replace(config.vae, steps=steps, time_limit_s=0.0, init=None, pretrained=None, checkpoint_every=never)
+    vae = dataclasses.replace(config.vae, steps=steps, time_limit_s=0.0, init=None, checkpoint_every=never)
     with tempfile.TemporaryDirectory() as out:
         train_vae(vae, episodes, episodes[:1], out, device, seed=config.seed, log_every=never, compile_forward=compiled)
 

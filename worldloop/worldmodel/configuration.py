@@ -27,14 +27,13 @@ class VAEConfig:
     """Spatial halvings of the encoder (the latent is 2^n times smaller per side): 3 = 8x (Wan2.1), 2 = 4x.
     Ignored by 'wan2.2-5b', which is always 16x."""
     # Where its weights come from, and training (`worldloop train-vae`)
-    pretrained: str | None = None
-    """A local diffusers-format AutoencoderKLWan folder to load instead of training (e.g. the Wan2.2 VAE)."""
     init: str | None = None
-    """A local diffusers-format AutoencoderKLWan folder (an earlier train-vae's --out) whose weights training
-    starts from, for `steps` more (its architecture replaces size and spatial_downsamples): a VAE grows over
-    several short GPU runs. Its latent statistics are measured again after training."""
+    """A local diffusers-format AutoencoderKLWan folder (an earlier train-vae's --out, or the Wan2.2 VAE) whose weights
+    training starts from, for `steps` more (its architecture replaces size and spatial_downsamples): a VAE grows over
+    several short GPU runs, and its latent statistics are measured again after training. With vae.steps=0 it is
+    taken as it is, its statistics too."""
     steps: int = 300
-    """Optimizer steps of `worldloop train-vae`."""
+    """Optimizer steps of `worldloop train-vae`; 0 (with vae.init): no training."""
     batch_size: int = 8
     """Clips per optimizer step."""
     lr: float = 3e-4
@@ -50,15 +49,15 @@ class VAEConfig:
             raise ValueError(f"size must be one of {SIZES}, got {self.size!r}")
         if self.spatial_downsamples not in (2, 3):
             raise ValueError(f"spatial_downsamples must be 2 or 3, got {self.spatial_downsamples}")
-        for name in ("steps", "batch_size", "checkpoint_every"):
+        for name in ("batch_size", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.steps < 1 and not (self.steps == 0 and self.init):
+            raise ValueError(f"steps must be >= 1, or 0 with init (a VAE taken as it is), got {self.steps} with init {self.init}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.time_limit_s < 0:
             raise ValueError(f"time_limit_s must be >= 0 (0: no limit), got {self.time_limit_s}")
-        if self.pretrained and self.init:
-            raise ValueError("pretrained (use a VAE as it is) and init (train on from one) exclude each other; set one")
 
 
 @dataclass

@@ -120,7 +120,7 @@ def vae_loss(forward, vae, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out: Sequence[EpisodeLike], out: str | Path, device: torch.device, seed: int = 0,
               log_every: int = LOG_EVERY, compile_forward: bool = False) -> dict[str, Any]:
-    """Train an AutoencoderKLWan from scratch or from ``config.init`` (or load ``config.pretrained``), save it to ``out``
+    """Train an AutoencoderKLWan from scratch or from ``config.init`` (with 0 steps: take it as it is), save it to ``out``
     in diffusers format with its latent statistics, and write ``out/metrics.json``. ``compile_forward``: torch.compile
     the training forward (:func:`vae_forward`; `bench vae-train` measures it against eager on a GPU)."""
     out = Path(out)
@@ -128,8 +128,9 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
     if not train_episodes:
         raise ValueError("train-vae: the dataset has no training episodes")
     main, mine = distributed.is_main(), distributed.rows(config.batch_size, "vae.batch_size")
-    if config.pretrained:
-        vae = vae_lib.load_vae(config.pretrained).to(device)
+    as_is = config.steps == 0  # with vae.init (VAEConfig.validate)
+    if as_is:
+        vae = vae_lib.load_vae(config.init).to(device)
         steps_done, losses, first, train_seconds, curve = 0, [], 0, 0.0, []
     else:
         torch.manual_seed(seed)
@@ -210,7 +211,7 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
         "parameters_millions": sum(p.numel() for p in vae.parameters()) / 1e6,
         "spatial_compression": vae_lib.spatial_factor(vae),
         "latent_channels": int(vae.config.z_dim),
-        "image_size": None if config.pretrained else int(episode_frames(train_episodes[0]).shape[1]),  # the frames it learned (train-wm checks)
+        "image_size": None if as_is else int(episode_frames(train_episodes[0]).shape[1]),  # the frames it learned (train-wm checks)
     }
     vae.save_pretrained(str(out), safe_serialization=True)
     atomic_write_json(out / "metrics.json", metrics)
