@@ -34,6 +34,10 @@ import torch.nn.functional as F
 
 from worldloop.policies.compact_vla.modeling import CompactVLA
 from worldloop.policies.tokenizer import ActionTokenizer
+from worldloop.utils import distributed
+from worldloop.utils.checkpoint import evaluation_interval, resume, save_checkpoint
+from worldloop.utils.device import autocast_dtype, resolve_device
+from worldloop.utils.io import atomic_write_json
 from worldloop.worldmodel.vae import reconstruct, world_model_vae
 
 WEIGHT_DECAY = 0.01
@@ -171,10 +175,34 @@ def held_out_metrics(policy: CompactVLA, samples: Samples, tokens: torch.Tensor,
 
 
 def _autocast(device: torch.device):
-    from worldloop.utils.device import autocast_dtype
-
     dtype = autocast_dtype(device)
     return torch.autocast(device.type, dtype=dtype) if dtype is not None else torch.autocast(device.type, enabled=False)
+
+
+def training_samples(config, train_episodes: Iterable[EpisodeLike], held_out_episodes: Iterable[EpisodeLike], instructions: Sequence[str],
+                     image_size: int, action_dim: int, world_model: str | Path | None, device: torch.device) -> tuple[Samples, Samples | None, int]:
+    """SFT's samples on ``device``: the training ones (with their reconstructions through ``world_model``'s VAE where
+    ``sft.augment_codec`` shows frames through it), the fixed, evenly spaced held-out subset every evaluation scores
+    (reconstructed too, for ``codec_token_agreement``; None without held-out episodes) and the held-out samples' count."""
+    sft, chunk_size = config.sft, config.policy.chunk_size
+    if sft.augment_codec and world_model is None:
+        raise ValueError(f"sft.augment_codec={sft.augment_codec} shows training frames through a world model's VAE: give the world model (--world-model)")
+    train = build_samples(train_episodes, chunk_size, instructions)
+    held_out_list = list(held_out_episodes)
+    held_out = build_samples(held_out_list, chunk_size, instructions) if held_out_list else None
+    held_out_total = 0 if held_out is None else len(held_out)
+    if held_out is not None:
+        held_out = held_out.subset(evenly_spaced(len(held_out), HELD_OUT_SAMPLES))
+    if tuple(train.frames.shape[1:]) != (image_size, image_size, 3) or train.chunks.shape[-1] != action_dim:
+        raise ValueError(f"episodes have frames {tuple(train.frames.shape[1:])} and {train.chunks.shape[-1]}-d actions; expected {image_size}x{image_size} and {action_dim}")
+    if world_model is not None:  # reconstructions made once, before training: a step never waits for the VAE
+        vae = world_model_vae(world_model, image_size).to(device)
+        if sft.augment_codec:
+            train = with_reconstructions(train, vae)
+        if held_out is not None:
+            held_out = with_reconstructions(held_out, vae)
+        del vae
+    return train.to(device), (held_out.to(device) if held_out is not None else None), held_out_total
 
 
 def fit_policy(
@@ -200,45 +228,21 @@ def fit_policy(
     from tqdm import tqdm
 
     from worldloop.config import save_config
-    from worldloop.utils import distributed
-    from worldloop.utils.checkpoint import evaluation_interval, resume, save_checkpoint
-    from worldloop.utils.device import resolve_device
-    from worldloop.utils.io import atomic_write_json
 
     sft, out = config.sft, Path(out)
     device = resolve_device(config.device)
     main, mine = distributed.is_main(), distributed.rows(sft.batch_size, "sft.batch_size")
     torch.manual_seed(config.seed)
-    chunk_size = config.policy.chunk_size
 
-    if sft.augment_codec and world_model is None:
-        raise ValueError(f"sft.augment_codec={sft.augment_codec} shows training frames through a world model's VAE: give the world model (--world-model)")
-    train = build_samples(train_episodes, chunk_size, instructions)
-    held_out_list = list(held_out_episodes)
-    held_out = build_samples(held_out_list, chunk_size, instructions) if held_out_list else None
-    held_out_total = 0 if held_out is None else len(held_out)
-    if held_out is not None:  # the fixed, evenly spaced subset every evaluation scores
-        held_out = held_out.subset(evenly_spaced(len(held_out), HELD_OUT_SAMPLES))
-    tokenizer = ActionTokenizer.fit(train.chunks[:, 0])
-    if tuple(train.frames.shape[1:]) != (image_size, image_size, 3) or train.chunks.shape[-1] != action_dim:
-        raise ValueError(f"episodes have frames {tuple(train.frames.shape[1:])} and {train.chunks.shape[-1]}-d actions; expected {image_size}x{image_size} and {action_dim}")
-    if world_model is not None:  # reconstructions made once, before training: a step never waits for the VAE
-        vae = world_model_vae(world_model, image_size).to(device)
-        if sft.augment_codec:
-            train = with_reconstructions(train, vae)
-        if held_out is not None:
-            held_out = with_reconstructions(held_out, vae)
-        del vae
-
+    train, held_out, held_out_total = training_samples(config, train_episodes, held_out_episodes, instructions, image_size, action_dim,
+                                                       world_model, device)  # fmt: skip
+    tokenizer = ActionTokenizer.fit(train.chunks[:, 0].cpu())
     policy = CompactVLA(config.policy, action_dim, image_size, tokenizer)
     policy.add_instructions(list(instructions))
     policy.to(device).train()
     distributed.broadcast_parameters(policy)
-    train = train.to(device)
     train_tokens = tokenizer.encode(train.chunks)  # (N, K, A)
-    if held_out is not None:
-        held_out = held_out.to(device)
-        held_out_tokens = tokenizer.encode(held_out.chunks)
+    held_out_tokens = tokenizer.encode(held_out.chunks) if held_out is not None else None
 
     optimizer = torch.optim.AdamW(policy.parameters(), lr=sft.lr, weight_decay=WEIGHT_DECAY, betas=(0.9, 0.95))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, sft.warmup_steps, sft.steps))
@@ -360,8 +364,6 @@ def train_sft(
     train_ids, held_ids = split_episodes(ds, seed=config.seed)
     summaries = [episode_summary(ds, i) for i in train_ids]
     chosen = select_episodes(summaries, per_task)
-    from worldloop.utils import distributed
-
     if distributed.is_main():
         print(f"sft: {len(chosen)} training episodes ({per_task or 'all'} per task), {len(held_ids)} held out, from {dataset}")
     extra = {"dataset": str(dataset), "episodes_per_task": per_task, "train_episodes": chosen, "held_out_episodes": list(held_ids)}
