@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # 2026-12-07-judge-on-unseen-replays (protocol.md beside this file) on a remote GPU host, from the repository root:
+#   source tools/setup.sh .gl .site   # carry both: the H100 image of 2026-12-07 had no EGL loader (tools/README.md)
 #   mkdir -p /root/jr; setsid nohup bash docs/experiments/2026-12-07-judge-on-unseen-replays/run.sh > /tmp/run.out 2>&1 < /dev/null &
 #   bash tools/poll.sh /root/jr "$OUT" 500 r1        # then r2, r3, ... in the calls after
 # The loop to the gate (arm unseen); arm seen beside it once the world model exists (the same gate episodes); then arm real.
