@@ -516,6 +516,23 @@ def test_busy_time_is_the_union_of_kernel_intervals():
     assert union_length([]) == 0
 
 
+def test_a_profile_names_the_operators_a_call_spends_its_time_in():
+    """`bench wm --profile`'s table: the operators of a call ranked by their own time, per call of it."""
+    from worldloop.utils.timing import format_profile, profile_calls
+
+    a, b = torch.randn(384, 384), torch.randn(384, 384)
+
+    def work():  # one big product and two cheap additions per call
+        (a @ b).add_(1.0).add_(2.0)
+
+    profile = profile_calls(work, CPU, calls=4)
+    top = profile["operators"][0]
+    assert top["name"] in ("aten::mm", "aten::matmul") and top["calls"] == 1 and top["share"] > 0.5, profile["operators"]
+    assert next(o for o in profile["operators"] if o["name"] == "aten::add_")["calls"] == 2
+    assert 0.99 <= sum(o["share"] for o in profile["operators"]) <= 1.0 + 1e-9 and profile["busy"] is None
+    assert profile["wall_ms"] > 0 and "aten::add_" in format_profile(profile) and "GPU busy" not in format_profile(profile)
+
+
 def test_frame_store_draws_clips_of_consecutive_frames_and_holds_a_short_episodes_last():
     from types import SimpleNamespace
 

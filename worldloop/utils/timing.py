@@ -46,6 +46,44 @@ def gpu_busy_seconds(fn: Callable[[], Any], device: torch.device) -> tuple[float
     return wall, union_length(kernels) / 1e6  # the profiler's times are microseconds
 
 
+def profile_calls(fn: Callable[[], Any], device: torch.device, calls: int = 3, top: int = 12) -> dict[str, Any]:
+    """Where ``calls`` calls of ``fn`` (after one untimed) spend their time, from torch.profiler: the profiled wall
+    seconds per call; on a GPU, the share of it in which a kernel ran (``busy``: the rest is the GPU waiting for the
+    CPU) and the kernels launched per call; and the ``top`` operators by their own time on the device (on a CPU, by
+    their own CPU time), each with its calls and milliseconds per call of ``fn`` and its share of that own time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    synchronize(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        synchronize(device)
+        wall = (time.perf_counter() - start) / calls
+    on_gpu = device.type == "cuda"
+    kernels = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+    def own_us(event) -> float:  # microseconds of the operator's own work, summed over its calls
+        return float(getattr(event, "self_device_time_total", 0.0)) if on_gpu else float(event.self_cpu_time_total)
+
+    averages = [e for e in prof.key_averages() if own_us(e) > 0]
+    total = sum(own_us(e) for e in averages) or 1.0
+    operators = [{"name": e.key, "calls": e.count / calls, "ms": own_us(e) / 1e3 / calls, "share": own_us(e) / total}
+                 for e in sorted(averages, key=own_us, reverse=True)[:top]]  # fmt: skip
+    return {"wall_ms": 1e3 * wall, "busy": union_length(kernels) / 1e6 / calls / wall if on_gpu else None,
+            "kernels_per_call": len(kernels) / calls if on_gpu else None, "operators": operators}  # fmt: skip
+
+
+def format_profile(profile: dict[str, Any]) -> str:
+    """:func:`profile_calls`'s result as a few lines: the wall, the GPU's busy share and launches, the top operators."""
+    busy = "" if profile["busy"] is None else f", GPU busy {100 * profile['busy']:.0f} %, {profile['kernels_per_call']:.0f} kernels"
+    lines = [f"profiled: {profile['wall_ms']:.1f} ms per call{busy}", f"  {'operator':<48} {'calls':>6} {'ms':>8} {'share':>6}"]
+    lines += [f"  {o['name'][:48]:<48} {o['calls']:6.0f} {o['ms']:8.2f} {100 * o['share']:5.1f}%" for o in profile["operators"]]
+    return "\n".join(lines)
+
+
 def union_length(intervals: list[tuple[float, float]]) -> float:
     """The length of the union of (start, end) intervals: overlapping time counts once."""
     total, reach = 0.0, float("-inf")

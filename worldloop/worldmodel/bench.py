@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from worldloop.config import Config
-from worldloop.utils.timing import seconds_per_call
+from worldloop.utils.timing import format_profile, profile_calls, seconds_per_call
 
 RESOLUTION = {"tiny": 64, "small": 128, "wan2.2-5b": 256}
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
@@ -44,7 +44,7 @@ def build_model(size: str, config: Config, device: torch.device):
 
 
 @torch.no_grad()
-def measure(model, size: str, batch: int, device: torch.device, repeats: int = 3) -> dict:
+def measure(model, size: str, batch: int, device: torch.device, repeats: int = 3, profile: bool = False) -> dict:
     from worldloop.worldmodel import vae as vae_lib
     from worldloop.worldmodel.modeling import dit_flops_per_forward
     from worldloop.worldmodel.rollout import autocast, sample_future
@@ -54,6 +54,7 @@ def measure(model, size: str, batch: int, device: torch.device, repeats: int = 3
     actions = torch.randn(batch, model.chunk_size, 4, device=device)
     model.reset(first)
     step_s = seconds_per_call(lambda: model.step(actions), device, repeats)
+    step_profile = profile_calls(lambda: model.step(actions), device, repeats) if profile else None
     context = model.context
     noise = torch.randn(context.shape[0], context.shape[1], 2, *context.shape[3:], device=device)
     all_actions = torch.randn(batch, 13, 4, device=device)
@@ -87,6 +88,8 @@ def measure(model, size: str, batch: int, device: torch.device, repeats: int = 3
         "dit_tflops": flops / dit_s / 1e12, "dit_mfu": (flops / dit_s / peak) if peak else None,
         "step_mfu": (flops / step_s / peak) if peak else None,
     }  # fmt: skip
+    if step_profile is not None:
+        row["profile"] = step_profile
     return row
 
 
@@ -117,15 +120,19 @@ def bench_wm(args: argparse.Namespace, config: Config) -> int:
         model = build_model(size, config, device)
         for batch in args.batch_sizes:
             try:
-                rows.append(measure(model, size, batch, device))
+                rows.append(measure(model, size, batch, device, profile=args.profile))
             except torch.cuda.OutOfMemoryError as error:  # report and continue with the next setting
                 rows.append({"size": size, "image": RESOLUTION[size], "batch": batch, "error": f"out of memory: {str(error)[:80]}"})
                 torch.cuda.empty_cache()
             print(format_table(rows[-1:]).splitlines()[-1], flush=True)
+            if "profile" in rows[-1]:
+                print(format_profile(rows[-1]["profile"]), flush=True)
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
     table = format_table(rows)
+    profiles = [f"{r['size']} batch {r['batch']}: {format_profile(r['profile'])}" for r in rows if "profile" in r]
+    table = "\n\n".join([table, *profiles])
     title = f"worldloop bench wm on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'} ({config.world_model.sampling_steps} sampler steps, 8 new frames per step)"
     print(title + "\n" + table)
     if args.out:
