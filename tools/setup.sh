@@ -24,3 +24,8 @@ export MUJOCO_GL=egl PYOPENGL_PLATFORM=egl PYTHONUNBUFFERED=1
 export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 alias worldloop="python3 -m worldloop"
+# MuJoCo's EGL needs the glvnd loader, which some images lack (an H100 one of 2026-12-07): say so now, not at the
+# first import of Meta-World or LIBERO (PyOpenGL's "'NoneType' object has no attribute 'eglQueryString'")
+if ! ldconfig -p | grep -q "libEGL.so.1 "; then
+  echo "tools/setup.sh: no libEGL.so.1 on this host: MuJoCo cannot render; bring .gl (tools/README.md) and name it first" >&2
+fi
