@@ -1,5 +1,6 @@
 """LIBERO behind the VecEnv protocol: tasks and configuration (always), and, where the [libero] extra is installed,
-a real LIBERO-Spatial environment: a step, a reset to a fixed initial state, the scripted expert, a collected dataset.
+a real LIBERO-Spatial environment: a step, a reset to a fixed initial state, the scripted experts (Spatial, Object
+and Goal), a collected dataset.
 
 One environment takes 4-8 s to build, so the simulator tests share one (module scope) where they can.
 """
@@ -136,7 +137,7 @@ def test_spatial_expert_puts_the_bowl_on_the_plate(task, init_state):
 
 
 @needs_libero
-def test_object_expert_puts_a_tall_bottle_in_the_basket_and_goal_tasks_have_no_expert():
+def test_object_expert_puts_a_tall_bottle_in_the_basket_and_uncovered_goal_tasks_are_refused():
     from worldloop.sims.libero import LiberoVecEnv
 
     config = SimConfig(backend="libero", suite="libero_object", tasks=["libero_object-2", "libero_goal-0"], camera="agentview", num_workers=1)
@@ -148,9 +149,30 @@ def test_object_expert_puts_a_tall_bottle_in_the_basket_and_goal_tasks_have_no_e
             success, done = success or bool(step.success.any()), bool(step.done[0, -1])
             assert actions.shape == (1, env.chunk_size, 7) and actions.abs().max() <= 1.0
         assert success and int(env.elapsed_steps[0]) < 280  # ended at its first success, inside the suite's 280 steps
-        env.reset([1], [0])  # LIBERO-Goal: no scripted expert; the error names the task
-        with pytest.raises(ValueError, match="no scripted expert for libero_goal-0"):
+        env.reset([1], [0])  # "open the middle drawer": not covered by the Goal expert; the error names the task and its goal
+        with pytest.raises(ValueError, match=r"no scripted expert for libero_goal-0: .*does not cover the goal \(open wooden_cabinet_1_middle_region\)"):
             env.step_expert()
+
+
+@needs_libero
+def test_goal_expert_puts_the_bowl_on_the_stove_the_cabinet_and_the_plate():
+    """One episode of each LIBERO-Goal task the expert covers (1: the stove, 4: the cabinet's top, 8: the plate), in
+    one environment."""
+    from worldloop.sims.libero import LiberoVecEnv
+
+    tasks = ["libero_goal-1", "libero_goal-4", "libero_goal-8"]
+    config = SimConfig(backend="libero", suite="libero_goal", tasks=tasks, camera="agentview", num_workers=1)
+    with LiberoVecEnv(config, num_envs=1, render=False) as env:
+        assert env.max_steps == 300
+        for index, init_state in zip(range(len(tasks)), (11, 23, 37)):
+            env.reset([index], [init_state])
+            success, done = False, False
+            while not done:
+                step, actions = env.step_expert()
+                success, done = success or bool(step.success.any()), bool(step.done[0, -1])
+                assert actions.shape == (1, env.chunk_size, 7) and actions.abs().max() <= 1.0
+            assert success, tasks[index]
+            assert int(env.elapsed_steps[0]) < 200, tasks[index]  # ended at its first success, well inside the 300 steps
 
 
 @needs_libero

@@ -18,7 +18,8 @@ stepping as Meta-World (:class:`worldloop.sims.metaworld.MetaWorldVecEnv`); what
   MuJoCo's own renderer as the camera sees them: right side up (agentview's up axis points up; robosuite's
   raw images are the OpenGL buffer, bottom row first, which is why LIBERO's are upside down and every
   LIBERO pipeline flips them);
-- scripted experts exist for LIBERO-Spatial and LIBERO-Object (:mod:`worldloop.sims.libero_expert`).
+- scripted experts exist for LIBERO-Spatial, LIBERO-Object and three LIBERO-Goal tasks (the bowl onto the plate, the
+  stove, the cabinet; :mod:`worldloop.sims.libero_expert`); the other Goal tasks refuse the expert by name.
 
 An episode is not bit-for-bit reproducible: after the same initial state and the same actions the robot ends
 in the same place, but an object can sit a few millimetres elsewhere (measured 2026-12-04: the drawer task's bowl
@@ -142,12 +143,12 @@ class _LazyExpert:
 
     def get_action(self, observation: dict) -> np.ndarray:
         if self.expert is None:
-            from worldloop.sims.libero_expert import ObjectExpert, SpatialExpert
+            from worldloop.sims.libero_expert import GoalExpert, ObjectExpert, SpatialExpert
 
-            experts = {"libero_spatial": SpatialExpert, "libero_object": ObjectExpert}
+            experts = {"libero_spatial": SpatialExpert, "libero_object": ObjectExpert, "libero_goal": GoalExpert}
             suite = split_task(self.task)[0]
             if suite not in experts:
-                raise ValueError(f"no scripted expert for {self.task}: worldloop's LIBERO experts cover LIBERO-Spatial and LIBERO-Object")
+                raise ValueError(f"no scripted expert for {self.task}: worldloop's LIBERO experts cover LIBERO-Spatial, LIBERO-Object and LIBERO-Goal")
             try:
                 self.expert = experts[suite].for_env(self.sim.env)
             except ValueError as error:

@@ -1,4 +1,4 @@
-"""A scripted pick-and-place expert for LIBERO-Spatial, driven by the simulator's object poses.
+"""Scripted pick-and-place experts for LIBERO-Spatial, LIBERO-Object and part of LIBERO-Goal, driven by the simulator's object poses.
 
 Every LIBERO-Spatial task is "pick up the black bowl <somewhere> and place it on the plate": the
 goal predicate ``(On <bowl> <plate>)`` names the bowl and the plate. The expert grasps the bowl's
@@ -6,6 +6,10 @@ rim from above on the side with the most free space (the gripper's fingers close
 so the wrist yaws 90 degrees for the +-x sides; a bowl in the cabinet's open drawer is grasped toward a front
 corner of the drawer, the fingers half open), lifts it clear of whatever it stood on or in,
 carries it over the plate while tracking where the held bowl actually is, lowers it and lets go.
+
+LIBERO-Object's expert (:class:`ObjectExpert`) picks a grocery item into the basket; LIBERO-Goal's
+(:class:`GoalExpert`) reuses the bowl's pick-and-place for the Goal tasks that move the bowl onto the plate, the
+stove or the cabinet, and refuses the others by name.
 
 Actions are LIBERO's 7-dim OSC_POSE deltas in [-1, 1]: xyz (x 0.05 m), rotation as a world-frame
 axis-angle (x 0.5 rad), gripper (-1 open, +1 close). This module imports no torch: simulator worker
@@ -142,6 +146,10 @@ class SpatialExpert(_PoseExpert):
         yaw = np.pi / 2 - (np.pi - np.arctan2(side[1], side[0])) % np.pi
         self.target_rotation = Rotation.from_euler("z", yaw) * self.home_rotation
 
+    def _destination(self, observation: dict) -> np.ndarray:
+        """Where the bowl's origin (its bottom's centre) goes, 1.5 cm below the point of release: the plate's origin."""
+        return observation[f"{self.plate}_pos"]
+
     def get_action(self, observation: dict) -> np.ndarray:
         """The (7,) float32 action for ``observation``: LIBERO's observation dict, plus ``"positions"`` and
         ``"quaternions"`` (wxyz), the world pose of every object and fixture (the obstacles)."""
@@ -149,12 +157,12 @@ class SpatialExpert(_PoseExpert):
         eef = observation["robot0_eef_pos"]
         rotation = Rotation.from_quat(observation["robot0_eef_quat"])  # robosuite quats are xyzw
         bowl = observation[f"{self.bowl}_pos"]
-        plate = observation[f"{self.plate}_pos"]
+        plate = self._destination(observation)
         if self.home_rotation is None:
             self.home_rotation = rotation
             self.sides = self._rank_sides(observation, positions)
             self._use_side(self.sides.pop(0))
-            self.lift_z = min(max(bowl[2] + GRASP_HEIGHT + CLEARANCE, TRAVEL_HEIGHT), HIGHEST)
+            self.lift_z = min(max(max(bowl[2], plate[2]) + GRASP_HEIGHT + CLEARANCE, TRAVEL_HEIGHT), HIGHEST)
         grasp = np.array([*(bowl[:2] + RIM_RADIUS * self.side), bowl[2] + GRASP_HEIGHT])
         gripper = OPEN if self.opening is None or self.phase not in ("approach", "descend") else self._half_open(observation)
         phase = self.phase
@@ -319,3 +327,67 @@ class ObjectExpert(_PoseExpert):
             target = eef + [0, 0, 0.02] if self.phase_steps > 5 else eef
         self.phase_steps += 1
         return self._action(eef, rotation, target, gripper)
+
+
+GOAL_BOWL = "akita_black_bowl_1"
+"""The black bowl of LIBERO-Goal's kitchen scene."""
+GOAL_BOWL_TARGETS = ("plate_1", "flat_stove_1_cook_region", "wooden_cabinet_1_top_side")
+"""Where the LIBERO-Goal expert puts the bowl: the goals ``(On akita_black_bowl_1 <target>)`` it covers (tasks 8, 1
+and 4). Opening a drawer, turning on the stove, pushing the plate, the bowl into the top drawer, the cream cheese
+into the bowl and the wine bottle onto the cabinet or the rack are refused by name."""
+SURFACE_PROBE = 0.3
+"""Height (m) above a region's site from which a ray, cast straight down, finds the surface the bowl stands on."""
+
+
+class _BowlToRegionExpert(SpatialExpert):
+    """:class:`SpatialExpert` whose destination is a fixed point on a fixture (the stove's burner, the cabinet's top)
+    instead of a plate: the region site's centre, at the height of the surface under it."""
+
+    def __init__(self, bowl: str, region: str, point: np.ndarray, obstacles: list[str]):
+        super().__init__(bowl, region, obstacles)
+        self.point = np.asarray(point, dtype=np.float64)
+
+    def _destination(self, observation: dict) -> np.ndarray:
+        return self.point
+
+
+def surface_under(env, site: str) -> np.ndarray:
+    """The first collision surface straight below ``site`` (a ray from ``SURFACE_PROBE`` above it, robot excluded)."""
+    import mujoco
+
+    model, data = env.env.sim.model._model, env.env.sim.data._data
+    start = np.array(env.env.sim.data.get_site_xpos(site), dtype=np.float64) + [0, 0, SURFACE_PROBE]
+    geom = np.array([-1], dtype=np.int32)
+    collision = np.array([1, 0, 0, 0, 0, 0], dtype=np.uint8)  # geom group 0: robosuite's collision geoms
+    distance = mujoco.mj_ray(model, data, start, np.array([0, 0, -1.0]), collision, 1, -1, geom)
+    if distance < 0:
+        raise ValueError(f"no surface under the region '{site}'")
+    return start - [0, 0, distance]
+
+
+class GoalExpert:
+    """Closed-loop expert for the LIBERO-Goal tasks that put the black bowl on the plate, on the stove or on top of
+    the cabinet (the goals ``(On akita_black_bowl_1 <target>)``, ``GOAL_BOWL_TARGETS``): :class:`SpatialExpert`'s
+    grasp, lift, carry, lower and release, toward the plate's origin or a region's centre on its fixture. Any other
+    goal is refused by name with a ValueError."""
+
+    def __init__(self, expert: SpatialExpert):
+        self.expert = expert
+
+    @classmethod
+    def for_env(cls, env) -> "GoalExpert":
+        goal = env.env.parsed_problem["goal_state"]
+        covered = ", ".join(f"(On {GOAL_BOWL} {target})" for target in GOAL_BOWL_TARGETS)
+        if len(goal) != 1 or [part.lower() for part in goal[0][:2]] != ["on", GOAL_BOWL] or goal[0][2] not in GOAL_BOWL_TARGETS:
+            described = " ".join("(" + " ".join(predicate) + ")" for predicate in goal)
+            raise ValueError(f"the LIBERO-Goal expert does not cover the goal {described}; it covers {covered}")
+        _, bowl, target = goal[0]
+        names = list(env.env.objects_dict) + list(env.env.fixtures_dict)
+        obstacles = [n for n in names if n not in (bowl, target)]
+        if target in env.env.objects_dict:
+            return cls(SpatialExpert(bowl, target, obstacles))
+        return cls(_BowlToRegionExpert(bowl, target, surface_under(env, target), obstacles))
+
+    def get_action(self, observation: dict) -> np.ndarray:
+        """The (7,) float32 action for ``observation`` (LIBERO's observation dict plus ``"positions"`` and ``"quaternions"``)."""
+        return self.expert.get_action(observation)
