@@ -9,7 +9,7 @@ carries it over the plate while tracking where the held bowl actually is, lowers
 
 LIBERO-Object's expert (:class:`ObjectExpert`) picks a grocery item into the basket; LIBERO-Goal's
 (:class:`GoalExpert`) reuses the bowl's pick-and-place for the Goal tasks that move the bowl onto the plate, the
-stove or the cabinet, and refuses the others by name.
+stove or the cabinet, the grocery item's for the cream cheese into the bowl, and refuses the others by name.
 
 Actions are LIBERO's 7-dim OSC_POSE deltas in [-1, 1]: xyz (x 0.05 m), rotation as a world-frame
 axis-angle (x 0.5 rad), gripper (-1 open, +1 close). This module imports no torch: simulator worker
@@ -216,6 +216,8 @@ OBJECT_TRAVEL_HEIGHT = 0.30
 """World z (m) at which the gripper approaches an object on the floor of LIBERO-Object's scenes."""
 BASKET_RIM = 0.141
 """Height (m) of the basket's rim above the floor."""
+BASKET_FLOOR = 0.06
+"""Height (m) above the floor at which the held object's bottom is let go inside the basket."""
 GRASP_DEPTH = 0.045
 """How far (m) below an object's top the fingertips close (at most half its height)."""
 TALL = 0.12
@@ -226,6 +228,25 @@ the fingertips, stays clear of the top; the finger pads reach 1.3 to 2.9 cm belo
 OBJECT_COVERED = ("alphabet_soup", "cream_cheese", "salad_dressing", "bbq_sauce", "ketchup", "tomato_sauce", "butter", "milk",
                   "chocolate_pudding", "orange_juice")
 """Objects the LIBERO-Object expert picks: those of LIBERO-Object's ten tasks. A goal with any other object is refused by name."""
+
+
+def collision_extent(env, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """The lower and upper corners of object ``name``'s collision geometry, in its own frame."""
+    import mujoco
+
+    model, data = env.env.sim.model._model, env.env.sim.data._data
+    body = env.env.obj_body_id[name]
+    rotation, origin = data.xmat[body].reshape(3, 3), data.xpos[body]
+    lows, highs = [], []
+    for geom in range(model.ngeom):
+        if model.body_rootid[model.geom_bodyid[geom]] != model.body_rootid[body] or not (model.geom_contype[geom] or model.geom_conaffinity[geom]):
+            continue
+        centre = rotation.T @ (data.geom_xpos[geom] - origin)
+        box = model.geom_type[geom] == mujoco.mjtGeom.mjGEOM_BOX
+        half = np.abs(rotation.T @ data.geom_xmat[geom].reshape(3, 3)) @ model.geom_size[geom] if box else np.full(3, model.geom_rbound[geom])
+        lows.append(centre - half)
+        highs.append(centre + half)
+    return np.min(lows, 0), np.max(highs, 0)
 
 
 class ObjectExpert(_PoseExpert):
@@ -241,6 +262,7 @@ class ObjectExpert(_PoseExpert):
 
     def __init__(self, target: str, basket: str, extent: tuple[np.ndarray, np.ndarray]):
         self.target, self.basket = target, basket
+        self.rim, self.floor = BASKET_RIM, BASKET_FLOOR  # the heights the held object clears and is let go above
         self.low, self.high = extent  # the object's collision geometry's corners, in its own frame
         self.phase, self.phase_steps = "approach", 0
         self.depth: float | None = None  # how far below the object's top it is grasped: chosen at the first step
@@ -250,34 +272,24 @@ class ObjectExpert(_PoseExpert):
     @classmethod
     def for_env(cls, env) -> "ObjectExpert":
         """The expert for a LIBERO ``ControlEnv``'s goal ``(In object basket_contain_region)``."""
-        import mujoco
-
         goal = env.env.parsed_problem["goal_state"]
         if len(goal) != 1 or goal[0][0].lower() != "in" or not goal[0][2].endswith("_contain_region"):
             raise ValueError(f"the Object expert handles one (In object basket_contain_region) goal, got {goal}")
         _, target, region = goal[0]
         if not target.startswith(OBJECT_COVERED):
             raise ValueError(f"the LIBERO-Object expert does not pick '{target}'; it covers {', '.join(OBJECT_COVERED)}")
-        model, data = env.env.sim.model._model, env.env.sim.data._data
-        body = env.env.obj_body_id[target]
-        rotation, origin = data.xmat[body].reshape(3, 3), data.xpos[body]
-        lows, highs = [], []
-        for geom in range(model.ngeom):
-            if model.body_rootid[model.geom_bodyid[geom]] != model.body_rootid[body] or not (model.geom_contype[geom] or model.geom_conaffinity[geom]):
-                continue
-            centre = rotation.T @ (data.geom_xpos[geom] - origin)
-            box = model.geom_type[geom] == mujoco.mjtGeom.mjGEOM_BOX
-            half = np.abs(rotation.T @ data.geom_xmat[geom].reshape(3, 3)) @ model.geom_size[geom] if box else np.full(3, model.geom_rbound[geom])
-            lows.append(centre - half)
-            highs.append(centre + half)
-        return cls(target, region.removesuffix("_contain_region"), (np.min(lows, 0), np.max(highs, 0)))
+        return cls(target, region.removesuffix("_contain_region"), collision_extent(env, target))
+
+    def _destination(self, observation: dict) -> np.ndarray:
+        """The point the held object's centre is carried over: the basket's origin."""
+        return observation["positions"][self.basket]
 
     def get_action(self, observation: dict) -> np.ndarray:
         """The (7,) float32 action for ``observation`` (LIBERO's observation dict plus ``"positions"``)."""
         eef = observation["robot0_eef_pos"]
         rotation = Rotation.from_quat(observation["robot0_eef_quat"])
         orientation = Rotation.from_quat(observation[f"{self.target}_quat"])
-        basket = observation["positions"][self.basket]
+        basket = self._destination(observation)
         size = self.high - self.low  # in the object's frame: a bottle stands along its own y axis
         vertical = int(np.argmax(np.abs(orientation.as_matrix()[2])))  # the object's axis closest to world z
         height = size[vertical]
@@ -289,7 +301,7 @@ class ObjectExpert(_PoseExpert):
             yaw = np.pi / 2 - (np.pi - np.arctan2(across[1], across[0])) % np.pi  # fingers close along world y at the start
             self.target_rotation = Rotation.from_euler("z", yaw) * rotation
             self.depth = TALL_GRASP_DEPTH if height > TALL else min(GRASP_DEPTH, height / 2)
-            self.carry_z = BASKET_RIM + 0.04 + height - self.depth  # the held object's bottom 4 cm above the rim
+            self.carry_z = self.rim + 0.04 + height - self.depth  # the held object's bottom 4 cm above the rim
         grasp = np.array([centre[0], centre[1], top - self.depth])
         gripper = OPEN
         phase = self.phase
@@ -320,7 +332,7 @@ class ObjectExpert(_PoseExpert):
                 self._next("lower")
         elif phase == "lower":  # the object's bottom 6 cm above the floor, inside the basket
             offset = eef - centre
-            target, gripper = np.array([basket[0] + offset[0], basket[1] + offset[1], 0.06 + height / 2 + offset[2]]), CLOSE
+            target, gripper = np.array([basket[0] + offset[0], basket[1] + offset[1], self.floor + height / 2 + offset[2]]), CLOSE
             if eef[2] < target[2] + 0.01 or self.phase_steps > 30:
                 self._next("release")
         else:  # release, then back off upwards
@@ -333,10 +345,28 @@ GOAL_BOWL = "akita_black_bowl_1"
 """The black bowl of LIBERO-Goal's kitchen scene."""
 GOAL_BOWL_TARGETS = ("plate_1", "flat_stove_1_cook_region", "wooden_cabinet_1_top_side")
 """Where the LIBERO-Goal expert puts the bowl: the goals ``(On akita_black_bowl_1 <target>)`` it covers (tasks 8, 1
-and 4). Opening a drawer, turning on the stove, pushing the plate, the bowl into the top drawer, the cream cheese
-into the bowl and the wine bottle onto the cabinet or the rack are refused by name."""
+and 4). Opening a drawer, turning on the stove, pushing the plate, the bowl into the top drawer and the wine bottle
+onto the cabinet or the rack are refused by name."""
 SURFACE_PROBE = 0.3
 """Height (m) above a region's site from which a ray, cast straight down, finds the surface the bowl stands on."""
+
+
+GOAL_CHEESE = "cream_cheese_1"
+"""The cream cheese of LIBERO-Goal's kitchen scene; the goal ``(On cream_cheese_1 akita_black_bowl_1)`` is task 6."""
+BOWL_FLOOR = 0.01
+"""Height (m) above the bowl's origin at which the held cream cheese's bottom is let go inside the bowl."""
+
+
+class _IntoBowlExpert(ObjectExpert):
+    """:class:`ObjectExpert` whose basket is the black bowl: the held object is carried with its bottom 4 cm above the
+    bowl's rim (from the bowl's collision geometry) and let go just above the bowl's floor."""
+
+    def __init__(self, target: str, bowl: str, extent: tuple[np.ndarray, np.ndarray], rim: float, floor: float):
+        super().__init__(target, bowl, extent)
+        self.rim, self.floor = rim, floor
+
+    def _destination(self, observation: dict) -> np.ndarray:
+        return observation[f"{self.basket}_pos"]
 
 
 class _BowlToRegionExpert(SpatialExpert):
@@ -368,16 +398,21 @@ def surface_under(env, site: str) -> np.ndarray:
 class GoalExpert:
     """Closed-loop expert for the LIBERO-Goal tasks that put the black bowl on the plate, on the stove or on top of
     the cabinet (the goals ``(On akita_black_bowl_1 <target>)``, ``GOAL_BOWL_TARGETS``): :class:`SpatialExpert`'s
-    grasp, lift, carry, lower and release, toward the plate's origin or a region's centre on its fixture. Any other
-    goal is refused by name with a ValueError."""
+    grasp, lift, carry, lower and release, toward the plate's origin or a region's centre on its fixture; and the one
+    that puts the cream cheese in the bowl (``(On cream_cheese_1 akita_black_bowl_1)``): :class:`ObjectExpert`'s, the
+    bowl for the basket. Any other goal is refused by name with a ValueError."""
 
-    def __init__(self, expert: SpatialExpert):
+    def __init__(self, expert: _PoseExpert):
         self.expert = expert
 
     @classmethod
     def for_env(cls, env) -> "GoalExpert":
         goal = env.env.parsed_problem["goal_state"]
-        covered = ", ".join(f"(On {GOAL_BOWL} {target})" for target in GOAL_BOWL_TARGETS)
+        covered = ", ".join([f"(On {GOAL_BOWL} {target})" for target in GOAL_BOWL_TARGETS] + [f"(On {GOAL_CHEESE} {GOAL_BOWL})"])
+        if len(goal) == 1 and [part.lower() for part in goal[0]] == ["on", GOAL_CHEESE, GOAL_BOWL]:
+            bowl = env.env.sim.data.body_xpos[env.env.obj_body_id[GOAL_BOWL]]
+            rim = bowl[2] + collision_extent(env, GOAL_BOWL)[1][2]  # the bowl stands upright: its frame's z is world z
+            return cls(_IntoBowlExpert(GOAL_CHEESE, GOAL_BOWL, collision_extent(env, GOAL_CHEESE), rim, bowl[2] + BOWL_FLOOR))
         if len(goal) != 1 or [part.lower() for part in goal[0][:2]] != ["on", GOAL_BOWL] or goal[0][2] not in GOAL_BOWL_TARGETS:
             described = " ".join("(" + " ".join(predicate) + ")" for predicate in goal)
             raise ValueError(f"the LIBERO-Goal expert does not cover the goal {described}; it covers {covered}")
