@@ -250,3 +250,12 @@ def test_exponent_without_a_dot_is_a_float():
     assert load_config("tiny-cpu", ["rl.lr=1e-5"]).rl.lr == 1e-5
     with pytest.raises(ConfigError, match="rl.lr"):
         load_config("tiny-cpu", ["rl.lr=fast"])
+
+
+def test_the_libero_object_preset_is_the_spatial_one_on_the_object_suite():
+    """libero-object-gpu: libero-spatial-gpu's setup on LIBERO-Object; RL's imagined episodes cover the suite's 280 steps."""
+    spatial, object_ = load_config("libero-spatial-gpu"), load_config("libero-object-gpu")
+    assert object_.sim.suite == "libero_object" and object_.sim.backend == "libero" and object_.sim.tasks == []
+    assert object_.rl.max_steps % object_.sim.chunk_size == 0 and 280 <= object_.rl.max_steps < 280 + object_.sim.chunk_size
+    same = ("policy", "vae", "world_model", "eval", "collect", "loop")
+    assert all(getattr(object_, name) == getattr(spatial, name) for name in same)
