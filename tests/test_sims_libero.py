@@ -155,16 +155,17 @@ def test_object_expert_puts_a_tall_bottle_in_the_basket_and_uncovered_goal_tasks
 
 
 @needs_libero
-def test_goal_expert_puts_the_bowl_on_the_stove_the_cabinet_and_the_plate_and_the_cream_cheese_in_the_bowl():
-    """One episode of each LIBERO-Goal task the expert covers (1: the bowl on the stove, 4: on the cabinet's top,
-    6: the cream cheese in the bowl, 8: the bowl on the plate), in one environment."""
+def test_goal_expert_succeeds_once_at_each_task_it_covers():
+    """One episode of each LIBERO-Goal task the expert covers (1: the bowl on the stove, 2: the wine bottle on the
+    cabinet's top, 4: the bowl on the cabinet's top, 6: the cream cheese in the bowl, 8: the bowl on the plate), in one
+    environment."""
     from worldloop.sims.libero import LiberoVecEnv
 
-    tasks = ["libero_goal-1", "libero_goal-4", "libero_goal-6", "libero_goal-8"]
+    tasks = ["libero_goal-1", "libero_goal-2", "libero_goal-4", "libero_goal-6", "libero_goal-8"]
     config = SimConfig(backend="libero", suite="libero_goal", tasks=tasks, camera="agentview", num_workers=1)
     with LiberoVecEnv(config, num_envs=1, render=False) as env:
         assert env.max_steps == 300
-        for index, init_state in zip(range(len(tasks)), (11, 23, 29, 37)):
+        for index, init_state in zip(range(len(tasks)), (11, 17, 23, 29, 37)):
             env.reset([index], [init_state])
             success, done = False, False
             while not done:

@@ -18,9 +18,9 @@ stepping as Meta-World (:class:`worldloop.sims.metaworld.MetaWorldVecEnv`); what
   MuJoCo's own renderer as the camera sees them: right side up (agentview's up axis points up; robosuite's
   raw images are the OpenGL buffer, bottom row first, which is why LIBERO's are upside down and every
   LIBERO pipeline flips them);
-- scripted experts exist for LIBERO-Spatial, LIBERO-Object and four LIBERO-Goal tasks (the bowl onto the plate, the
-  stove, the cabinet; the cream cheese into the bowl; :mod:`worldloop.sims.libero_expert`); the other Goal tasks
-  refuse the expert by name.
+- scripted experts exist for LIBERO-Spatial, LIBERO-Object and five LIBERO-Goal tasks (the bowl onto the plate, the
+  stove, the cabinet; the cream cheese into the bowl; the wine bottle onto the cabinet;
+  :mod:`worldloop.sims.libero_expert`); the other Goal tasks refuse the expert by name.
 
 An episode is not bit-for-bit reproducible: after the same initial state and the same actions the robot ends
 in the same place, but an object can sit a few millimetres elsewhere (measured 2026-12-04: the drawer task's bowl

@@ -9,7 +9,8 @@ carries it over the plate while tracking where the held bowl actually is, lowers
 
 LIBERO-Object's expert (:class:`ObjectExpert`) picks a grocery item into the basket; LIBERO-Goal's
 (:class:`GoalExpert`) reuses the bowl's pick-and-place for the Goal tasks that move the bowl onto the plate, the
-stove or the cabinet, the grocery item's for the cream cheese into the bowl, and refuses the others by name.
+stove or the cabinet, the grocery item's for the cream cheese into the bowl and the wine bottle onto the cabinet,
+and refuses the others by name.
 
 Actions are LIBERO's 7-dim OSC_POSE deltas in [-1, 1]: xyz (x 0.05 m), rotation as a world-frame
 axis-angle (x 0.5 rad), gripper (-1 open, +1 close). This module imports no torch: simulator worker
@@ -346,27 +347,34 @@ GOAL_BOWL = "akita_black_bowl_1"
 GOAL_BOWL_TARGETS = ("plate_1", "flat_stove_1_cook_region", "wooden_cabinet_1_top_side")
 """Where the LIBERO-Goal expert puts the bowl: the goals ``(On akita_black_bowl_1 <target>)`` it covers (tasks 8, 1
 and 4). Opening a drawer, turning on the stove, pushing the plate, the bowl into the top drawer and the wine bottle
-onto the cabinet or the rack are refused by name."""
+into the rack are refused by name."""
 SURFACE_PROBE = 0.3
 """Height (m) above a region's site from which a ray, cast straight down, finds the surface the bowl stands on."""
 
 
 GOAL_CHEESE = "cream_cheese_1"
 """The cream cheese of LIBERO-Goal's kitchen scene; the goal ``(On cream_cheese_1 akita_black_bowl_1)`` is task 6."""
-BOWL_FLOOR = 0.01
-"""Height (m) above the bowl's origin at which the held cream cheese's bottom is let go inside the bowl."""
+GOAL_BOTTLE = "wine_bottle_1"
+"""The wine bottle of LIBERO-Goal's kitchen scene; the goal ``(On wine_bottle_1 wooden_cabinet_1_top_side)`` is task 2."""
+GOAL_CABINET_TOP = "wooden_cabinet_1_top_side"
+"""The region on top of the wooden cabinet."""
+DROP = 0.01
+"""Height (m) above the surface it goes on (the bowl's floor, taken as its origin; the cabinet's top) at which the
+held object's bottom is let go."""
 
 
-class _IntoBowlExpert(ObjectExpert):
-    """:class:`ObjectExpert` whose basket is the black bowl: the held object is carried with its bottom 4 cm above the
-    bowl's rim (from the bowl's collision geometry) and let go just above the bowl's floor."""
+class _PlaceExpert(ObjectExpert):
+    """:class:`ObjectExpert` toward something other than a basket: the held object is carried with its bottom 4 cm
+    above ``rim`` (world z) over ``destination`` (an object's name, followed as it moves, or a fixed point) and let go
+    with its bottom ``DROP`` above ``floor``."""
 
-    def __init__(self, target: str, bowl: str, extent: tuple[np.ndarray, np.ndarray], rim: float, floor: float):
-        super().__init__(target, bowl, extent)
-        self.rim, self.floor = rim, floor
+    def __init__(self, target: str, destination: str | np.ndarray, extent: tuple[np.ndarray, np.ndarray], rim: float, floor: float):
+        super().__init__(target, destination if isinstance(destination, str) else "", extent)
+        self.point = None if isinstance(destination, str) else np.asarray(destination, dtype=np.float64)
+        self.rim, self.floor = rim, floor + DROP
 
     def _destination(self, observation: dict) -> np.ndarray:
-        return observation[f"{self.basket}_pos"]
+        return observation[f"{self.basket}_pos"] if self.point is None else self.point
 
 
 class _BowlToRegionExpert(SpatialExpert):
@@ -399,8 +407,9 @@ class GoalExpert:
     """Closed-loop expert for the LIBERO-Goal tasks that put the black bowl on the plate, on the stove or on top of
     the cabinet (the goals ``(On akita_black_bowl_1 <target>)``, ``GOAL_BOWL_TARGETS``): :class:`SpatialExpert`'s
     grasp, lift, carry, lower and release, toward the plate's origin or a region's centre on its fixture; and the one
-    that puts the cream cheese in the bowl (``(On cream_cheese_1 akita_black_bowl_1)``): :class:`ObjectExpert`'s, the
-    bowl for the basket. Any other goal is refused by name with a ValueError."""
+    that put the cream cheese in the bowl and the wine bottle on top of the cabinet (``(On cream_cheese_1
+    akita_black_bowl_1)``, ``(On wine_bottle_1 wooden_cabinet_1_top_side)``): :class:`ObjectExpert`'s, the bowl or
+    the cabinet's top for the basket. Any other goal is refused by name with a ValueError."""
 
     def __init__(self, expert: _PoseExpert):
         self.expert = expert
@@ -408,11 +417,15 @@ class GoalExpert:
     @classmethod
     def for_env(cls, env) -> "GoalExpert":
         goal = env.env.parsed_problem["goal_state"]
-        covered = ", ".join([f"(On {GOAL_BOWL} {target})" for target in GOAL_BOWL_TARGETS] + [f"(On {GOAL_CHEESE} {GOAL_BOWL})"])
+        covered = ", ".join([f"(On {GOAL_BOWL} {target})" for target in GOAL_BOWL_TARGETS]
+                            + [f"(On {GOAL_CHEESE} {GOAL_BOWL})", f"(On {GOAL_BOTTLE} {GOAL_CABINET_TOP})"])
         if len(goal) == 1 and [part.lower() for part in goal[0]] == ["on", GOAL_CHEESE, GOAL_BOWL]:
             bowl = env.env.sim.data.body_xpos[env.env.obj_body_id[GOAL_BOWL]]
             rim = bowl[2] + collision_extent(env, GOAL_BOWL)[1][2]  # the bowl stands upright: its frame's z is world z
-            return cls(_IntoBowlExpert(GOAL_CHEESE, GOAL_BOWL, collision_extent(env, GOAL_CHEESE), rim, bowl[2] + BOWL_FLOOR))
+            return cls(_PlaceExpert(GOAL_CHEESE, GOAL_BOWL, collision_extent(env, GOAL_CHEESE), rim, bowl[2]))
+        if len(goal) == 1 and [part.lower() for part in goal[0]] == ["on", GOAL_BOTTLE, GOAL_CABINET_TOP]:
+            top = surface_under(env, GOAL_CABINET_TOP)
+            return cls(_PlaceExpert(GOAL_BOTTLE, top, collision_extent(env, GOAL_BOTTLE), top[2], top[2]))
         if len(goal) != 1 or [part.lower() for part in goal[0][:2]] != ["on", GOAL_BOWL] or goal[0][2] not in GOAL_BOWL_TARGETS:
             described = " ".join("(" + " ".join(predicate) + ")" for predicate in goal)
             raise ValueError(f"the LIBERO-Goal expert does not cover the goal {described}; it covers {covered}")
