@@ -42,7 +42,7 @@ def gpu_busy_seconds(fn: Callable[[], Any], device: torch.device) -> tuple[float
         fn()
         synchronize(device)
         wall = time.perf_counter() - start
-    kernels = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = kernel_intervals(prof)
     return wall, union_length(kernels) / 1e6  # the profiler's times are microseconds
 
 
@@ -63,7 +63,7 @@ def profile_calls(fn: Callable[[], Any], device: torch.device, calls: int = 3, t
         synchronize(device)
         wall = (time.perf_counter() - start) / calls
     on_gpu = device.type == "cuda"
-    kernels = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = kernel_intervals(prof)
 
     def own_us(event) -> float:  # microseconds of the operator's own work, summed over its calls
         return float(getattr(event, "self_device_time_total", 0.0)) if on_gpu else float(event.self_cpu_time_total)
@@ -82,6 +82,11 @@ def format_profile(profile: dict[str, Any]) -> str:
     lines = [f"profiled: {profile['wall_ms']:.1f} ms per call{busy}", f"  {'operator':<48} {'calls':>6} {'ms':>8} {'share':>6}"]
     lines += [f"  {o['name'][:48]:<48} {o['calls']:6.0f} {o['ms']:8.2f} {100 * o['share']:5.1f}%" for o in profile["operators"]]
     return "\n".join(lines)
+
+
+def kernel_intervals(prof) -> list[tuple[float, float]]:
+    """(start, end) in microseconds of every GPU kernel a torch.profiler run recorded."""
+    return [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
 def union_length(intervals: list[tuple[float, float]]) -> float:

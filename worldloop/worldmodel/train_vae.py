@@ -129,6 +129,8 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
         raise ValueError("train-vae: the dataset has no training episodes")
     main, mine = distributed.is_main(), distributed.rows(config.batch_size, "vae.batch_size")
     as_is = config.steps == 0  # with vae.init (VAEConfig.validate)
+    if as_is and not config.init:
+        raise ValueError("vae.steps=0 takes vae.init as it is: set vae.init to a VAE folder, or train (vae.steps >= 1)")
     if as_is:
         vae = vae_lib.load_vae(config.init).to(device)
         steps_done, losses, first, train_seconds, curve = 0, [], 0, 0.0, []
