@@ -85,3 +85,17 @@ def test_rl_summary_names_a_damaged_results_file_and_its_own_usage(tmp_path):
     script = TOOLS / "rl_summary.py"
     usage = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert usage.returncode == 1 and "usage:" in usage.stderr
+
+
+def test_site_carry_keeps_the_files_the_models_reach_through_includes(tmp_path):
+    sys.path.insert(0, str(TOOLS))
+    from site_carry import reachable_assets
+
+    (tmp_path / "xyz").mkdir()
+    (tmp_path / "objects" / "assets").mkdir(parents=True)
+    (tmp_path / "xyz" / "task_a.xml").write_text('<mujoco><include file="../objects/assets/base.xml"/></mujoco>')
+    (tmp_path / "xyz" / "task_b.xml").write_text('<mujoco><mesh file="unused.stl"/></mujoco>')
+    # an include named relative to the main model's folder, not the including file's
+    (tmp_path / "objects" / "assets" / "base.xml").write_text('<mujoco><include file="shared.xml"/><texture file="../t/wood.png"/></mujoco>')
+    (tmp_path / "objects" / "shared.xml").write_text('<mujoco><mesh file="arm.stl"/></mujoco>')
+    assert reachable_assets(tmp_path, ["task_a.xml"]) == {"task_a.xml", "base.xml", "shared.xml", "wood.png", "arm.stl"}
