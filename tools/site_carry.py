@@ -1,11 +1,11 @@
 """What an offline GPU host needs beyond its image, in one call's load: ``.site/site.tar.xz`` and ``.gl``.
 
-    .venv/bin/python tools/site_carry.py            # from the repository root; ~4 min on 2 cores
+    .venv/bin/python tools/site_carry.py            # from the repository root; ~2 min on 2 cores
 
 ``.site/site.tar.xz`` is a site-packages tree for CPython 3.12: diffusers, Meta-World (only the assets MT10's models
 open), MuJoCo 3.3.0, gymnasium, PyOpenGL, glfw and PyAV. ``.gl`` holds Debian's glvnd loaders (libEGL, libOpenGL,
 libGL): the H100 image of 2026-12-07 had neither PyAV nor any of them. On the host, ``source tools/setup.sh .gl .site``.
-A call carries the tracked files (~14 MB) and these (~50 MB) within its 64 MiB.
+A call carries the tracked files (~14 MB) and these (~42 MB) within its 64 MiB.
 """
 
 from __future__ import annotations
