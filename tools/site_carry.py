@@ -89,6 +89,8 @@ def build_site(out: Path) -> Path:
 
 
 def fetch_gl(out: Path) -> None:
+    if shutil.which("apt-get") is None:
+        raise SystemExit(f"site_carry.py: no apt-get here to download {', '.join(GL_PACKAGES)}: run it on a Debian or Ubuntu machine")
     out.mkdir(parents=True, exist_ok=True)
     subprocess.run(["apt-get", "download", *GL_PACKAGES], cwd=out, check=True)
 
