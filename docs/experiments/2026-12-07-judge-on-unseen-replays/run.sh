@@ -12,7 +12,7 @@ cd "$(dirname "$0")/../../.."
 # a copy of the code of this moment: later calls sync the working tree again
 rm -rf /root/wl && mkdir -p /root/wl && cp -r worldloop tools pyproject.toml /root/wl/ && cd /root/wl
 export PYTHONPATH=/tmp/site:/root/wl
-SHORTER=""  # the protocol's amendment: SHORT=1 when the machine starts with under 1250 s of device time left
+SHORTER=""  # the protocol's amendments: SHORT=1 when `status` shows under 1500 s of device time before the starting call
 [ "${SHORT:-0}" = 1 ] && SHORTER="vae.time_limit_s=360 world_model.time_limit_s=180"
 $W loop $P --out $R --until gate seed=1 $SHORTER > /tmp/jr-loop.log 2>&1 &
 LOOP=$!
