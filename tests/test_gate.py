@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from worldloop.diagnostics.gate import GateEpisodes, GateRule, bootstrap_kappa, compare_rules, episode_scores, gate_table, gate_verdicts, split
+from worldloop.diagnostics.gate import (GateEpisodes, GateRule, bootstrap_kappa, compare_rules, episode_scores, gate_table, gate_verdicts,
+                                        replays_by_chunk, split)
 from worldloop.diagnostics.gate import write_gate as write_gate_folder
 from worldloop.config import ConfigError, load_config
 from worldloop.loop import STAGES_DIR, Inputs, gate_arguments, plan, rl_minutes, run_loop
@@ -120,6 +121,28 @@ def test_a_task_passes_only_with_kappa_above_the_bar_and_an_interval_clear_of_th
     assert "not enforced (loop.gate_min_kappa: null): RL trains on every task, and each is measured against kappa >= 0.6" in table
     assert "| door-open-v3 | 24 |" in table and table.split("| door-open-v3 |")[1].split("\n")[0].endswith("| yes, not enforced; it meets the bar |")
     assert "| undefined | yes, not enforced; below the bar: kappa undefined: all 24 evaluation episodes succeeded |" in table
+
+
+def test_the_chunk_where_replays_part_from_the_real_frames_is_found(tmp_path):
+    """Successes' frames and replays pass from chunk 2 on (a success of 3 chunks ends there); failures' real frames never
+    pass, but their replays pass from chunk 4 on: replays and real frames agree through chunk 4 (2 consecutive verdicts
+    make a success) and part at chunk 5, where every evaluation failure is a replay-only success."""
+    gate = GateEpisodes([], [], [], [])
+    for i in range(16):
+        success, short = i % 4 in (0, 1), i % 8 == 1
+        frames = [0.1, 0.9, 0.9] if short else [0.1, 0.9, 0.9, 0.9, 0.9] if success else [0.1] * 5
+        replay = frames if success else [0.1, 0.1, 0.1, 0.9, 0.9]
+        gate.task.append("drawer-open-v3"), gate.real.append(success), gate.replay.append(replay), gate.frames.append(frames)
+    result = gate_verdicts(gate, GateRule(success_chunks=2), fallback_threshold=0.5)
+    rows = {row["chunk"]: row for row in replays_by_chunk(gate, result)}
+    assert sorted(rows) == [1, 2, 3, 4, 5] and all(row["episodes"] == 8 for row in rows.values())
+    assert [rows[c]["running"] for c in (3, 4)] == [8, 6]  # the two short successes of the evaluation half ended at chunk 3
+    assert rows[2]["judged_on_frames"] == 0.0 and rows[3]["judged_on_frames"] == rows[5]["judged_on_frames"] == 0.5  # kept after their end
+    assert all(rows[c]["agreeing"] == 1.0 and rows[c]["replay_only"] == 0 for c in (1, 2, 3, 4))
+    assert rows[5]["agreeing"] == 0.5 and rows[5]["replay_only"] == rows[5]["replay_only_real_failures"] == 4 and rows[5]["frames_only"] == 0
+    written = write_gate_folder(tmp_path, gate, GateRule(success_chunks=2), 0.5, "runs/mw/judge")
+    assert written["replays_by_chunk"] == list(rows.values())
+    assert "| 5 | 6 / 8 | 0.50 | 1.00 | 0.50 | 4 (4) | 0 |" in gate_table(written)
 
 
 def test_analyse_rebuilds_a_committed_gate_folder_from_its_episodes(tmp_path, capsys):

@@ -13,7 +13,8 @@ the simulator, task by task? Measured so that a skeptic accepts the verdict:
     -> a task passes when its kappa is at least ``min_kappa`` and its interval's lower bound above ``min_lower``.
 
 Every per-chunk probability is kept (gate_episodes.json), so the verdicts, and the comparison of the other episode
-rules (:func:`compare_rules`: what the chosen rule beat, or lost to), are rebuilt from the folder's small files by
+rules (:func:`compare_rules`: what the chosen rule beat, or lost to), and where the replays part from the real frames
+(:func:`replays_by_chunk`) are rebuilt from the folder's small files by
 ``worldloop analyse GATE`` without a GPU. RL in the loop then trains on the passing tasks with exactly this judge, rule
 and threshold(s) (``worldloop rl --gate GATE``).
 """
@@ -195,6 +196,30 @@ def compare_rules(episodes: GateEpisodes, rule: GateRule, fallback_threshold: fl
     return compared
 
 
+def replays_by_chunk(episodes: GateEpisodes, gate: dict[str, Any]) -> list[dict[str, Any]]:
+    """Where the replays part from the real frames: after each chunk, the evaluation episodes' verdicts so far (success
+    once ``success_chunks`` consecutive verdicts of the chunks until then pass the gate's threshold(s); an episode that
+    ended keeps its last) on the replays and on the real frames of the same episodes, read by the same judge. Replays
+    that part after the contact with an object, not only at long horizons, point at the world model's fidelity there
+    rather than its drift."""
+    chunks = gate["rule"]["success_chunks"]
+    at = np.array([gate["task_thresholds"].get(task, gate["threshold"]) for task in episodes.task])
+    evaluating = np.asarray(split(episodes.task)) == EVALUATION
+    real = np.asarray(episodes.real, dtype=bool)[evaluating]
+    replay = [p for p, e in zip(episodes.replay, evaluating) if e]
+    frames = [p for p, e in zip(episodes.frames, evaluating) if e]
+    at = at[evaluating]
+    rows = []
+    for chunk in range(1, max((len(p) for p in replay), default=0) + 1):
+        on_replay = episode_scores([p[:chunk] for p in replay], chunks) >= at
+        on_frames = episode_scores([p[:chunk] for p in frames], chunks) >= at
+        rows.append({"chunk": chunk, "running": sum(len(p) >= chunk for p in replay), "episodes": len(replay),
+                     "judged_on_frames": float(on_frames.mean()), "judged_on_replays": float(on_replay.mean()),
+                     "agreeing": float((on_frames == on_replay).mean()), "replay_only": int((on_replay & ~on_frames).sum()),
+                     "frames_only": int((on_frames & ~on_replay).sum()), "replay_only_real_failures": int((on_replay & ~on_frames & ~real).sum())})  # fmt: skip
+    return rows
+
+
 def bar_kappa(rule: GateRule | dict[str, Any]) -> float:
     """The kappa a task must reach: the rule's, or where the gate is not enforced the default bar it is measured against."""
     value = rule.min_kappa if isinstance(rule, GateRule) else rule["min_kappa"]
@@ -234,6 +259,14 @@ def gate_table(gate: dict[str, Any]) -> str:
               f"tasks); it found {frames['found']} of {frames['successes']} real successes and called {frames['false_successes']} failures successes.",
               "AUROC: how often a real success's replay scores above a real failure's (0.5: chance; '-': outcomes all alike). "
               "'undefined': every evaluation episode of the task alike, where agreement beyond chance means nothing."]  # fmt: skip
+    if gate.get("replays_by_chunk"):
+        lines += ["", "Where the replays part from the real frames (the evaluation episodes' verdicts so far, after each chunk, the same judge and "
+                  "threshold(s); an episode that ended keeps its last):", "",
+                  "| after chunk | episodes running | judged on real frames | judged on replays | agreeing | replay only (of them real failures) | "
+                  "real frames only |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+        for row in gate["replays_by_chunk"]:
+            lines.append(f"| {row['chunk']} | {row['running']} / {row['episodes']} | {row['judged_on_frames']:.2f} | {row['judged_on_replays']:.2f} | "
+                         f"{row['agreeing']:.2f} | {row['replay_only']} ({row['replay_only_real_failures']}) | {row['frames_only']} |")  # fmt: skip
     if gate.get("rules_compared"):
         lines += ["", "Episode rules on the same split (calibrated on one half, scored on the other):", "",
                   "| consecutive verdicts | thresholds | kappa on replays | kappa on real frames | tasks meeting the bar |", "| ---: | --- | ---: | ---: | ---: |"]  # fmt: skip
@@ -250,6 +283,7 @@ def write_gate(folder: str | Path, episodes: GateEpisodes, rule: GateRule, fallb
     episodes.save(folder / "gate_episodes.json")
     result = gate_verdicts(episodes, rule, fallback_threshold) | {"judge": judge, "judge_threshold": fallback_threshold}
     result["rules_compared"] = compare_rules(episodes, rule, fallback_threshold)
+    result["replays_by_chunk"] = replays_by_chunk(episodes, result)
     atomic_write_json(folder / "gate.json", result)
     atomic_write_text(folder / "gate.md", gate_table(result) + "\n")
     return result
