@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from worldloop.diagnostics.gate import (GateEpisodes, GateRule, bootstrap_kappa, compare_rules, episode_scores, gate_table, gate_verdicts,
-                                        replays_by_chunk, split)
+from worldloop.diagnostics.gate import (GateEpisodes, GateRule, bootstrap_auroc, bootstrap_kappa, compare_rules, episode_scores, gate_table,
+                                        gate_verdicts, ranking, replays_by_chunk, split)
 from worldloop.diagnostics.gate import write_gate as write_gate_folder
 from worldloop.config import ConfigError, load_config
 from worldloop.loop import STAGES_DIR, Inputs, gate_arguments, plan, rl_minutes, run_loop
@@ -121,6 +121,39 @@ def test_a_task_passes_only_with_kappa_above_the_bar_and_an_interval_clear_of_th
     assert "not enforced (loop.gate_min_kappa: null): RL trains on every task, and each is measured against kappa >= 0.6" in table
     assert "| door-open-v3 | 24 |" in table and table.split("| door-open-v3 |")[1].split("\n")[0].endswith("| yes, not enforced; it meets the bar |")
     assert "| undefined | yes, not enforced; below the bar: kappa undefined: all 24 evaluation episodes succeeded |" in table
+
+
+def test_the_ranking_interval_brackets_the_auroc_and_is_exact_where_the_order_is():
+    assert bootstrap_auroc([0.9, 0.8, 0.2, 0.1], [1, 1, 0, 0]) == (1.0, 1.0)  # every resample with both classes ranks right
+    assert bootstrap_auroc([0.1, 0.2, 0.8, 0.9], [1, 1, 0, 0]) == (0.0, 0.0)
+    assert bootstrap_auroc([0.5, 0.5], [1, 0]) == (0.5, 0.5) and bootstrap_auroc([0.3, 0.4], [1, 1]) is None
+    scores, real = [0.9, 0.7, 0.6, 0.4, 0.3, 0.2, 0.8, 0.1], [1, 1, 0, 1, 0, 0, 0, 1]
+    low, high = bootstrap_auroc(scores, real)
+    assert 0.0 <= low < 0.5625 < high <= 1.0  # 9 of the 16 success-failure pairs ranked right
+    # per task, on the evaluation half, replays beside real frames: the replays of door-open rank at chance
+    real_verdicts, _, _ = tracking(16)
+    gate = episodes_of({"door-open-v3": (real_verdicts, [0.5] * 16, [0.9 if c == "1" else 0.1 for c in real_verdicts])})
+    row = ranking(gate, gate_verdicts(gate, GateRule(), 0.5))["door-open-v3"]
+    assert row["replays_auroc"] == 0.5 and row["replays_auroc_interval"] == (0.5, 0.5)
+    assert row["real_frames_auroc"] == 1.0 and row["real_frames_auroc_interval"] == (1.0, 1.0)
+
+
+def test_thresholds_chosen_on_the_real_frames_are_the_judges_own_read_on_replays():
+    """Real frames score successes 0.9 and failures 0.1; the replays, blurrier, 0.7 and 0.3. Chosen on the replays,
+    the threshold reads both right; chosen on the real frames it is 0.9 (the highest within an SE of the best), which
+    reads the real frames right and no replay as a success."""
+    real, _, _ = tracking(48)
+    gate = episodes_of({"door-open-v3": (real, [0.7 if c == "1" else 0.3 for c in real], [0.9 if c == "1" else 0.1 for c in real])})
+    on_replays = gate_verdicts(gate, GateRule(success_chunks=1), fallback_threshold=0.5)
+    on_frames = gate_verdicts(gate, GateRule(success_chunks=1, calibrate_on="real_frames"), fallback_threshold=0.5)
+    assert on_replays["threshold"] == 0.7 and on_replays["replays"]["kappa"] == on_replays["real_frames"]["kappa"] == 1.0
+    assert on_frames["threshold"] == 0.9 and on_frames["real_frames"]["kappa"] == 1.0 and on_frames["tasks"]["door-open-v3"]["judged"] == 0.0
+    assert on_frames["threshold_chosen_by"] == "max kappa on 24 calibration episodes' real frames"
+    compared = compare_rules(gate, GateRule(success_chunks=1), 0.5)
+    rows = {(r["success_chunks"], r["per_task"], r["calibrate_on"]): r for r in compared}
+    assert rows[(1, False, "replays")]["chosen"] and rows[(2, False, "real_frames")]["real_frames_kappa"] == 0.0  # 2 in a row: no streak in 3 chunks
+    with pytest.raises(ValueError, match="replays or real_frames"):
+        GateRule(calibrate_on="frames")
 
 
 def test_the_chunk_where_replays_part_from_the_real_frames_is_found(tmp_path):

@@ -34,8 +34,11 @@ from worldloop.utils.stats import agreement_beyond_chance, fixed, format_kappa, 
 CALIBRATION, EVALUATION = "calibration", "evaluation"
 RESAMPLES = 2000
 """Bootstrap resamples of a task's evaluation episodes for its kappa's 95 % interval."""
-RULES_COMPARED = ((1, False), (2, False), (3, False), (4, False), (1, True), (2, True), (3, True))
-"""(success_chunks, per_task) of the episode rules every gate also scores on the same split, beside its own."""
+CALIBRATE_ON = ("replays", "real_frames")
+RULES_COMPARED = ((2, False, "real_frames"), (2, True, "real_frames"),
+                  (1, False, "replays"), (2, False, "replays"), (3, False, "replays"), (4, False, "replays"),
+                  (1, True, "replays"), (2, True, "replays"), (3, True, "replays"))  # fmt: skip
+"""(success_chunks, per_task, calibrate_on) of the episode rules every gate also scores on the same split, beside its own."""
 
 
 @dataclass
@@ -77,6 +80,13 @@ class GateRule:
     """The threshold: the highest whose calibration kappa lies within this many SE of the best (reward.calibrate)."""
     significance_se: float = 2.0
     """... among those more than this many SE above chance (reward.calibrate)."""
+    calibrate_on: str = "replays"
+    """The calibration episodes' scores the threshold(s) are chosen on: their replays' (what RL reads) or their real
+    frames' ("real_frames": the judge's own threshold, read on replays all the same)."""
+
+    def __post_init__(self):
+        if self.calibrate_on not in CALIBRATE_ON:
+            raise ValueError(f"the gate's thresholds are chosen on {' or '.join(CALIBRATE_ON)}, not {self.calibrate_on!r}")
 
 
 def split(tasks: Sequence[str]) -> list[str]:
@@ -116,6 +126,42 @@ def bootstrap_kappa(real: Sequence[bool], judged: Sequence[bool], resamples: int
     return float(low), float(high)
 
 
+def bootstrap_auroc(scores: Sequence[float], real: Sequence[bool], resamples: int = RESAMPLES, seed: int = 0,
+                    level: float = 0.95) -> tuple[float, float] | None:  # fmt: skip
+    """The percentile bootstrap interval of the AUROC of ``scores`` against ``real`` over episodes resampled with
+    replacement, as :func:`bootstrap_kappa` (a resample with one class only is left out; None when every one is)."""
+    scores, real = np.asarray(scores, dtype=np.float64), np.asarray(real, dtype=bool)
+    if len(real) == 0:
+        return None
+    index = np.random.default_rng(seed).integers(0, len(real), size=(resamples, len(real)))
+    s, r = scores[index], real[index]
+    pairs = r[:, :, None] & ~r[:, None, :]  # (resample, success i, failure j)
+    wins = ((s[:, :, None] > s[:, None, :]) + 0.5 * (s[:, :, None] == s[:, None, :])) * pairs
+    count = pairs.sum(axis=(1, 2))
+    defined = count > 0
+    if not defined.any():
+        return None
+    low, high = np.quantile(wins.sum(axis=(1, 2))[defined] / count[defined], [(1 - level) / 2, (1 + level) / 2], method="inverted_cdf")
+    return float(low), float(high)
+
+
+def ranking(episodes: GateEpisodes, gate: dict[str, Any], seed: int = 0) -> dict[str, dict[str, Any]]:
+    """Per task, how the judge ranks the evaluation episodes by their episode scores (the gate's rule): the AUROC on the
+    replays and on the real frames, each with its bootstrap 95 % interval. A judge that ranks real episodes right but
+    not their replays is let down by the world model, not by its threshold; a reward that needs a ranking only (a
+    group-relative advantage) can use what these intervals show."""
+    chunks = gate["rule"]["success_chunks"]
+    tasks, real = np.asarray(episodes.task), np.asarray(episodes.real, dtype=bool)
+    evaluating = np.asarray(split(episodes.task)) == EVALUATION
+    scores = {"replays": episode_scores(episodes.replay, chunks), "real_frames": episode_scores(episodes.frames, chunks)}
+    rows = {}
+    for task in dict.fromkeys(episodes.task):
+        mine = evaluating & (tasks == task)
+        rows[task] = {f"{name}_{key}": value for name, score in scores.items()
+                      for key, value in (("auroc", auroc(score[mine], real[mine])), ("auroc_interval", bootstrap_auroc(score[mine], real[mine], seed=seed)))}  # fmt: skip
+    return rows
+
+
 def choose_thresholds(scores: np.ndarray, real: np.ndarray, tasks: np.ndarray, rule: GateRule, fallback: float) -> tuple[float, dict[str, float], str]:
     """The threshold for every task and, with ``rule.per_task``, each task's own, chosen on these (calibration)
     episodes by :func:`~worldloop.rewards.metrics.max_kappa_threshold`; ``fallback`` (the judge's own) where they
@@ -140,7 +186,10 @@ def gate_verdicts(episodes: GateEpisodes, rule: GateRule, fallback_threshold: fl
     halves = np.asarray(split(episodes.task))
     calibrating, evaluating = halves == CALIBRATION, halves == EVALUATION
     replay, frames = episode_scores(episodes.replay, rule.success_chunks), episode_scores(episodes.frames, rule.success_chunks)
-    threshold, own, how = choose_thresholds(replay[calibrating], real[calibrating], tasks[calibrating], rule, fallback_threshold)
+    chosen_on = replay if rule.calibrate_on == "replays" else frames
+    threshold, own, how = choose_thresholds(chosen_on[calibrating], real[calibrating], tasks[calibrating], rule, fallback_threshold)
+    if rule.calibrate_on == "real_frames" and how.startswith("max kappa"):
+        how += "' real frames"
     at = np.array([own.get(task, threshold) for task in episodes.task])
     judged, judged_frames = replay >= at, frames >= at
     rows = {}
@@ -183,13 +232,16 @@ def gate_verdicts(episodes: GateEpisodes, rule: GateRule, fallback_threshold: fl
 
 
 def compare_rules(episodes: GateEpisodes, rule: GateRule, fallback_threshold: float,
-                  rules: Sequence[tuple[int, bool]] = RULES_COMPARED) -> list[dict[str, Any]]:  # fmt: skip
-    """Every episode rule of ``rules`` (success_chunks, per_task) scored as the gate scores its own, on the same split:
-    the evaluation half's kappa on replays and on real frames, the tasks passing. The designs that lost, measured."""
+                  rules: Sequence[tuple[int, bool, str]] = RULES_COMPARED) -> list[dict[str, Any]]:  # fmt: skip
+    """Every episode rule of ``rules`` (success_chunks, per_task, calibrate_on) scored as the gate scores its own, on the
+    same split: the evaluation half's kappa on replays and on real frames, the tasks passing. The designs that lost,
+    measured."""
     compared = []
-    for chunks, per_task in dict.fromkeys([*rules, (rule.success_chunks, rule.per_task)]):
-        result = gate_verdicts(episodes, GateRule(**{**asdict(rule), "success_chunks": chunks, "per_task": per_task}), fallback_threshold)
-        compared.append({"success_chunks": chunks, "per_task": per_task, "chosen": (chunks, per_task) == (rule.success_chunks, rule.per_task),
+    own = (rule.success_chunks, rule.per_task, rule.calibrate_on)
+    for chunks, per_task, calibrate_on in dict.fromkeys([*rules, own]):
+        variant = GateRule(**{**asdict(rule), "success_chunks": chunks, "per_task": per_task, "calibrate_on": calibrate_on})
+        result = gate_verdicts(episodes, variant, fallback_threshold)
+        compared.append({"success_chunks": chunks, "per_task": per_task, "calibrate_on": calibrate_on, "chosen": (chunks, per_task, calibrate_on) == own,
                          "replay_kappa": result["replays"]["kappa"], "replay_kappa_stderr": result["replays"]["kappa_stderr"],
                          "real_frames_kappa": result["real_frames"]["kappa"], "threshold": result["threshold"],
                          "passed": sum(row["meets_bar"] for row in result["tasks"].values())})  # fmt: skip
@@ -232,6 +284,12 @@ def _kappa(value: float | None, stderr: float | None = None) -> str:
     return fixed(value) if stderr is None else format_kappa(value, stderr)
 
 
+def _auroc(value: float | None, interval: Sequence[float] | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if interval is None else f"{value:.2f} [{interval[0]:.2f}, {interval[1]:.2f}]"
+
+
 def gate_table(gate: dict[str, Any]) -> str:
     """The gate as Markdown: the rule, one row per task (evaluation half), the judge on real frames, the rules compared."""
     rule = gate["rule"]
@@ -259,6 +317,12 @@ def gate_table(gate: dict[str, Any]) -> str:
               f"tasks); it found {frames['found']} of {frames['successes']} real successes and called {frames['false_successes']} failures successes.",
               "AUROC: how often a real success's replay scores above a real failure's (0.5: chance; '-': outcomes all alike). "
               "'undefined': every evaluation episode of the task alike, where agreement beyond chance means nothing."]  # fmt: skip
+    if gate.get("ranking"):
+        lines += ["", "How the judge ranks each task's evaluation episodes (AUROC of their episode scores, with its bootstrap 95 % interval; '-': "
+                  "outcomes all alike):", "", "| task | AUROC on replays | AUROC on real frames |", "| --- | ---: | ---: |"]  # fmt: skip
+        for task, row in gate["ranking"].items():
+            lines.append(f"| {task} | {_auroc(row['replays_auroc'], row['replays_auroc_interval'])} | "
+                         f"{_auroc(row['real_frames_auroc'], row['real_frames_auroc_interval'])} |")  # fmt: skip
     if gate.get("replays_by_chunk"):
         lines += ["", "Where the replays part from the real frames (the evaluation episodes' verdicts so far, after each chunk, the same judge and "
                   "threshold(s); an episode that ended keeps its last):", "",
@@ -269,10 +333,12 @@ def gate_table(gate: dict[str, Any]) -> str:
                          f"{row['agreeing']:.2f} | {row['replay_only']} ({row['replay_only_real_failures']}) | {row['frames_only']} |")  # fmt: skip
     if gate.get("rules_compared"):
         lines += ["", "Episode rules on the same split (calibrated on one half, scored on the other):", "",
-                  "| consecutive verdicts | thresholds | kappa on replays | kappa on real frames | tasks meeting the bar |", "| ---: | --- | ---: | ---: | ---: |"]  # fmt: skip
+                  "| consecutive verdicts | thresholds | chosen on | kappa on replays | kappa on real frames | tasks meeting the bar |",
+                  "| ---: | --- | --- | ---: | ---: | ---: |"]  # fmt: skip
         for row in gate["rules_compared"]:
             mark = " (the gate's)" if row["chosen"] else ""
-            lines.append(f"| {row['success_chunks']}{mark} | {'per task' if row['per_task'] else 'one for all'} | "
+            chosen_on = row.get("calibrate_on", "replays").replace("_", " ")  # a gate.json of before 2026-12-07: replays
+            lines.append(f"| {row['success_chunks']}{mark} | {'per task' if row['per_task'] else 'one for all'} | {chosen_on} | "
                          f"{_kappa(row['replay_kappa'], row['replay_kappa_stderr'])} | {_kappa(row['real_frames_kappa'])} | {row['passed']} |")  # fmt: skip
     return "\n".join(lines)
 
@@ -284,6 +350,7 @@ def write_gate(folder: str | Path, episodes: GateEpisodes, rule: GateRule, fallb
     result = gate_verdicts(episodes, rule, fallback_threshold) | {"judge": judge, "judge_threshold": fallback_threshold}
     result["rules_compared"] = compare_rules(episodes, rule, fallback_threshold)
     result["replays_by_chunk"] = replays_by_chunk(episodes, result)
+    result["ranking"] = ranking(episodes, result)
     atomic_write_json(folder / "gate.json", result)
     atomic_write_text(folder / "gate.md", gate_table(result) + "\n")
     return result
