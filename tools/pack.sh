@@ -12,6 +12,9 @@ list=$(mktemp)
 find . \( -path ./dataset -o -path '*/reward-data' -o -path '*/videos/observation.*' -o -name .cache -o -name checkpoints -o -name 'qwen3-vl-tiny' \) -prune -o -type f \
   \( -name '*.json' -o -name '*.md' -o -name '*.txt' -o -name '*.log' -o -name '*.png' -o -name '*.yaml' -o -name '*.csv' -o -name 'events.out.tfevents*' \) \
   -size -4096k -print >"$list"
+# small files without an extension too: a run's markers (done, started), which the patterns above leave out
+find . \( -path ./dataset -o -path '*/reward-data' -o -path '*/videos' -o -name .cache -o -name checkpoints -o -name 'qwen3-vl-tiny' \) -prune -o -type f \
+  ! -name '*.*' -size -64k -print >>"$list"
 # Videos: the world model's side-by-side clips first, then RL's, latest iteration first; each under 1 MB (find's -size -1M
 # would mean "0 MB", as it rounds sizes up to whole units).
 find . \( -path ./dataset -o -path '*/videos/observation.*' -o -name .cache \) -prune -o -type f -name '*.mp4' -size -1024k -print | sort -r | head -n "$max_videos" >>"$list"

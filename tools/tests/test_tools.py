@@ -29,12 +29,13 @@ def test_poll_packs_a_finished_run_without_waiting(tmp_path):
     (results / "done").write_text("exit 0\n")
     (results / "rl" / "results.json").write_text("{}")
     (results / "rl" / "model.safetensors").write_bytes(b"weights stay on the device")
+    (results / "started").write_text("1765000000\n")  # a marker without an extension comes back too
     done = poll(results, tmp_path / "out")
     assert done.returncode == 0, done.stderr
     assert "report: /root/mw/report.md" in done.stdout and "exit 0" in done.stdout
     with tarfile.open(tmp_path / "out" / "r1.tgz") as archive:
         names = {Path(name).as_posix().lstrip("./") for name in archive.getnames()}
-    assert "rl/results.json" in names and "run.log" in names
+    assert "rl/results.json" in names and "run.log" in names and "started" in names and "done" in names
     assert "rl/model.safetensors" not in names
 
 
