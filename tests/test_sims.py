@@ -232,9 +232,21 @@ def test_parallel_workers_match_in_process():
             chunks += [env.step(a).frames.flatten(0, 1) for a in actions]
             frames[workers] = torch.cat(chunks)
             processes = list(env._processes)
-            assert len(processes) == (0 if workers == 1 else 2)
+            assert len(processes) == (0 if workers == 1 else 2) and env.worker_pids() == [p.pid for p in processes]
         assert not any(p.is_alive() for p in processes), "close() must end the workers"
     assert torch.equal(frames[1], frames[2])
+
+
+def test_bench_sim_times_the_configured_simulator_and_reads_each_workers_memory(tmp_path):
+    from worldloop.cli import main
+
+    out = tmp_path / "sim.txt"
+    assert main(["bench", "sim", "--preset", "micro", "--sizes", "64", "--workers", "1", "2", "--steps", "8", "--envs-per-worker", "1", "--out", str(out)]) == 0
+    header, *rows = out.read_text().splitlines()[1:]
+    assert header.split()[-1] == "MiB/worker" and [row.split()[1] for row in rows] == ["1", "2"]
+    in_process, workers = rows[0].split(), rows[1].split()
+    assert in_process[-1] == "-" and 20 < float(workers[-1]) < 4096  # a worker holds MuJoCo, its scenes and a GL context
+    assert float(workers[3]) > 0 and "metaworld" in out.read_text().splitlines()[0]
 
 
 def test_bad_input_gives_clear_errors(env):

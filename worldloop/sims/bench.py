@@ -1,9 +1,11 @@
-"""``worldloop bench sim``: real-simulator steps/s with rendered frames.
+"""``worldloop bench sim``: real-simulator steps/s with rendered frames, and the memory each worker holds.
 
-For every image size and worker count it builds a :class:`MetaWorldVecEnv` over the configured
-tasks (``envs_per_worker`` environments per worker), resets it, and times ``--steps`` random
-action steps per environment, chunk by chunk. Episodes never end during the measurement (no
-time limit, no end at success), so every timed step is simulated and rendered.
+For every image size and worker count it builds the configured simulator (``sim.backend``: Meta-World, LIBERO or a
+registered one) over the configured tasks (``envs_per_worker`` environments per worker), resets it, and times
+``--steps`` random action steps per environment, chunk by chunk. Episodes never end during the measurement (no
+time limit, no end at success), so every timed step is simulated and rendered. After the timed steps, each worker
+process's resident memory (Linux ``VmRSS``) is read: their mean is the memory per worker (with one worker the
+simulator runs in this process, whose memory holds everything else too: '-').
 """
 
 from __future__ import annotations
@@ -15,17 +17,30 @@ import time
 
 import torch
 
-from worldloop.sims.metaworld import MetaWorldVecEnv
+from worldloop.sims import make_env
 from worldloop.utils.io import atomic_write_text
 
 
+def resident_mib(pid: int) -> float | None:
+    """A process's resident memory in MiB (Linux /proc); None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
 def measure(sim_config, num_envs: int, steps: int) -> dict[str, float]:
-    """Start-up seconds, env steps/s and frames/s for ``steps`` steps of every env (random actions)."""
+    """Start-up seconds, env steps/s, frames/s and the workers' mean resident MiB (None in-process) for ``steps``
+    steps of every env (random actions)."""
     K = sim_config.chunk_size
     chunks = max(1, -(-steps // K))
     sim_config = dataclasses.replace(sim_config, max_steps=chunks * K + K, success_hold_steps=10**9)
     start = time.perf_counter()
-    env = MetaWorldVecEnv(sim_config, num_envs)
+    env = make_env(sim_config, num_envs)
     try:
         num_tasks = len(env.task_names)
         env.reset([i % num_tasks for i in range(num_envs)], list(range(num_envs)))
@@ -40,9 +55,12 @@ def measure(sim_config, num_envs: int, steps: int) -> dict[str, float]:
             frames += out.frames.shape[0] * out.frames.shape[1]
         seconds = time.perf_counter() - start
         simulated = int(env.elapsed_steps.sum()) - before
+        memory = [resident_mib(pid) for pid in getattr(env, "worker_pids", lambda: [])()]
     finally:
         env.close()
-    return {"startup_s": startup, "steps_per_s": simulated / seconds, "frames_per_s": frames / seconds, "ms_per_chunk": 1000 * seconds / chunks}
+    memory = [m for m in memory if m is not None]
+    return {"startup_s": startup, "steps_per_s": simulated / seconds, "frames_per_s": frames / seconds, "ms_per_chunk": 1000 * seconds / chunks,
+            "worker_mib": sum(memory) / len(memory) if memory else None}  # fmt: skip
 
 
 def bench_sim(args, config) -> int:
@@ -52,9 +70,9 @@ def bench_sim(args, config) -> int:
         if size not in (64, 128, 256):
             print(f"worldloop bench sim: --sizes {size} is not supported; allowed: 64, 128, 256")
             return 2
-    header = f"{'size':>5} {'workers':>7} {'envs':>5} {'steps/s':>9} {'frames/s':>9} {'ms/chunk':>9} {'startup s':>9}"
+    header = f"{'size':>5} {'workers':>7} {'envs':>5} {'steps/s':>9} {'frames/s':>9} {'ms/chunk':>9} {'startup s':>9} {'MiB/worker':>10}"
     lines = [
-        f"# worldloop bench sim: Meta-World, camera {sim.camera}, chunk {sim.chunk_size}, "
+        f"# worldloop bench sim: {sim.backend}, camera {sim.camera}, chunk {sim.chunk_size}, "
         f"{args.steps} random-action steps per env; MUJOCO_GL={os.environ.get('MUJOCO_GL', '')}, {os.cpu_count()} CPUs, {platform.node()}",
         header,
     ]
@@ -66,7 +84,8 @@ def bench_sim(args, config) -> int:
             result = measure(sim_config, num_envs, args.steps)
             line = (
                 f"{size:>5} {workers:>7} {num_envs:>5} {result['steps_per_s']:>9.1f} {result['frames_per_s']:>9.1f} "
-                f"{result['ms_per_chunk']:>9.1f} {result['startup_s']:>9.1f}"
+                f"{result['ms_per_chunk']:>9.1f} {result['startup_s']:>9.1f} "
+                f"{'-' if result['worker_mib'] is None else format(result['worker_mib'], '.0f'):>10}"
             )
             print(line, flush=True)
             lines.append(line)

@@ -104,6 +104,10 @@ class MetaWorldVecEnv:
         # OpenGL is torn down), whichever comes first.
         self._finalizer = weakref.finalize(self, _shutdown, self._local, self._processes, self._conns)
 
+    def worker_pids(self) -> list[int]:
+        """The process ids of the simulator's worker processes ([] when it runs in this process)."""
+        return [int(process.pid) for process in self._processes if process.pid is not None]
+
     # ------------------------------------------------------------------------------------------
     # The VecEnv protocol
 
