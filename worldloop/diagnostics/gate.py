@@ -13,9 +13,9 @@ the simulator, task by task? Measured so that a skeptic accepts the verdict:
     -> a task passes when its kappa is at least ``min_kappa`` and its interval's lower bound above ``min_lower``.
 
 Every per-chunk probability is kept (gate_episodes.json), so the verdicts, and the comparison of the other episode
-rules (:func:`compare_rules`: what the chosen rule beat, or lost to), and where the replays part from the real frames
-(:func:`replays_by_chunk`) are rebuilt from the folder's small files by
-``worldloop analyse GATE`` without a GPU. RL in the loop then trains on the passing tasks with exactly this judge, rule
+rules (:func:`compare_rules`: what the chosen rule beat, or lost to), how the judge ranks each task's episodes
+(:func:`ranking`) and where the replays part from the real frames (:func:`replays_by_chunk`) are rebuilt from the
+folder's small files by ``worldloop analyse GATE`` without a GPU. RL in the loop then trains on the passing tasks with exactly this judge, rule
 and threshold(s) (``worldloop rl --gate GATE``).
 """
 
@@ -33,7 +33,7 @@ from worldloop.utils.stats import agreement_beyond_chance, fixed, format_kappa, 
 
 CALIBRATION, EVALUATION = "calibration", "evaluation"
 RESAMPLES = 2000
-"""Bootstrap resamples of a task's evaluation episodes for its kappa's 95 % interval."""
+"""Bootstrap resamples of a task's evaluation episodes for the 95 % intervals of its kappa and AUROC."""
 CALIBRATE_ON = ("replays", "real_frames")
 RULES_COMPARED = ((2, False, "real_frames"), (2, True, "real_frames"),
                   (1, False, "replays"), (2, False, "replays"), (3, False, "replays"), (4, False, "replays"),
