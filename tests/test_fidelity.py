@@ -77,3 +77,23 @@ def test_fidelity_trains_each_budget_on_the_shared_data_and_tabulates_it(tmp_pat
 def test_fidelity_refuses_repeated_or_empty_budgets(tmp_path, capsys):
     assert main(["fidelity", "--preset", "micro", "--out", str(tmp_path / "r"), "--minutes", "2", "2"]) != 0
     assert "--minutes" in capsys.readouterr().err
+
+
+def test_analyse_sets_a_recipes_training_runs_side_by_side_with_their_spread(tmp_path, capsys):
+    """Two eval-wm folders of one recipe: each run's margin over copy-last-frame, the mean and the spread, per horizon
+    both runs reached; one run alone is refused."""
+    from worldloop.worldmodel.evaluate import recipe_runs
+
+    def metrics(folder, margins):
+        horizons = {h: {"psnr": 30.0 + m, "copy_last_frame_psnr": 30.0, "psnr_margin_stderr": 0.5, "episodes": 20} for h, m in margins.items()}
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "metrics.json").write_text(json.dumps({"horizons": horizons}))
+        return str(tmp_path / folder)
+
+    a, b = metrics("a", {"8": 4.0, "32": 8.0, "128": 9.0}), metrics("b", {"8": 3.0, "32": 6.5})
+    assert main(["analyse", a, b]) == 0
+    out = capsys.readouterr().out
+    assert "| 8 | +4.00 ± 0.50 (20) | +3.00 ± 0.50 (20) | +3.50 | 1.00 |" in out
+    assert "| 32 | +8.00 ± 0.50 (20) | +6.50 ± 0.50 (20) | +7.25 | 1.50 |" in out and "| 128 |" not in out
+    with pytest.raises(ValueError, match="two or more training runs"):
+        recipe_runs({a: json.loads((tmp_path / "a" / "metrics.json").read_text())})

@@ -38,20 +38,20 @@ def test_plan_skips_what_the_user_brings(tmp_path):
     assert paths["rl2"] == str(tmp_path / "arm" / "rl2")
 
 
-def test_the_judge_learns_replays_of_episodes_the_world_model_never_saw(tmp_path):
-    config = load_config("micro", ["loop.gate_min_kappa=0.6", "loop.judge_rollouts_per_task=3", "loop.base_rollouts_per_task=2"])
+def test_the_judge_learns_the_replays_of_the_world_models_own_training_episodes(tmp_path):
+    """Where the gate is enforced the judge learns the real frames and the world model's replays of them; the retired
+    switch for replays of episodes the world model never saw (it lost, 2026-12-07) stops with what to do instead."""
+    config = load_config("micro", ["loop.gate_min_kappa=0.6", "loop.base_rollouts_per_task=2"])
     stages = {s.name: s.argv for s in plan(config, tmp_path, Inputs())[0]}
-    names = list(stages)
-    assert names.index("rollouts_judge") == names.index("rollouts_base") + 1
-    collect = stages["rollouts_judge"]  # the base policy's episodes numbered after the base rollouts'
-    assert collect[collect.index("--episodes-per-task") + 1] == "3" and collect[collect.index("--first-episode") + 1] == "2"
-    judge, judged = stages["judge"], str(tmp_path / "rollouts_judge")
-    assert judge[judge.index("--replay") + 1] == judged and judged in judge[: judge.index("--world-model")]
-    assert all(judged not in argv for name, argv in stages.items() if name in ("vae", "wm_base"))  # the world model never sees them
-    # a gate that only reports spares them, and so does a judge the user brings
-    for overrides, inputs in ((["loop.gate_min_kappa=null"], Inputs()), ([], Inputs(judge="j"))):
-        again = load_config("micro", ["loop.gate_min_kappa=0.6", "loop.judge_rollouts_per_task=3", *overrides])
-        assert "rollouts_judge" not in {s.name for s in plan(again, tmp_path, inputs)[0]}
+    judge = stages["judge"]
+    assert judge[judge.index("--world-model") + 1] == str(tmp_path / "wm_base") and "--replay" not in judge
+    assert judge[judge.index("--dataset") + 1 : judge.index("--world-model")] == [str(tmp_path / "demos"), str(tmp_path / "rollouts_base")]
+    assert "rollouts_judge" not in stages
+    # a gate that only reports spares the replays
+    reporting = {s.name: s.argv for s in plan(load_config("micro", ["loop.gate_min_kappa=null"]), tmp_path, Inputs())[0]}
+    assert "--world-model" not in reporting["judge"]
+    with pytest.raises(ValueError, match="judge_rollouts_per_task' was retired.*judge-on-unseen-replays"):
+        load_config("micro", ["loop.judge_rollouts_per_task=32"])
 
 
 def test_failed_stage_stops_the_loop_and_leaves_no_marker(tmp_path):

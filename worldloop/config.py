@@ -57,10 +57,6 @@ class LoopConfig:
     """Real rollouts of the base policy per task: the world model's and the judge's training data."""
     eval_episodes_per_task: int = 10
     """Real-simulator evaluation episodes per task for the base, stage-1 and stage-2 policies."""
-    judge_rollouts_per_task: int = 0
-    """Where the gate is enforced: real rollouts per task of the base policy that the world model does not train on
-    (initial states after the base rollouts'), whose replays the judge learns, so that it knows the world model's replays
-    of new episodes, as the gate and RL show it; 0: the judge learns the replays of the world model's own training episodes."""
     judge: str = "classifier"
     """'classifier' (trained on the base rollouts) or 'topreward:PATH' (a local Qwen3-VL folder)."""
     pace: bool = True
@@ -93,8 +89,6 @@ class LoopConfig:
         counts = (self.demo_episodes_per_task, self.sft_episodes_per_task, self.base_rollouts_per_task, self.eval_episodes_per_task)
         if min(counts) < 1:
             raise ValueError("episode counts must be >= 1")
-        if self.judge_rollouts_per_task < 0:
-            raise ValueError(f"judge_rollouts_per_task must be >= 0 (0: none), got {self.judge_rollouts_per_task}")
 
 
 @dataclass

@@ -131,6 +131,10 @@ RETIRED: dict[str, tuple[Any, str]] = {
     "collect.fps": (20, "remove the key (worldloop.data.configuration.FPS)"),
     "policy.vision_weights": (ANY_VALUE, "the image encoder starts from random weights (no preset loaded any; a saved policy holds its own)"),
     "reward.calibrate.stride": (4, "remove the key (worldloop.rewards.scoring.WINDOW_STRIDE)"),
+    # 2026-12-07: a pre-registered comparison that lost
+    "loop.judge_rollouts_per_task": (0, "the judge learns the replays of the world model's own training episodes: replays of "
+                                        "episodes it never saw read the gate no better (docs/experiments/2026-12-07-judge-on-unseen-replays.md); "
+                                        "remove the key (`collect --first-episode` and `train-reward --replay` still build such a judge)"),
     "reward.calibrate.batch_size": (ANY_VALUE, "calibrate-reward scores worldloop.rewards.scoring.JUDGE_BATCH windows per call; "
                                                "TOPReward splits them at reward.topreward.max_batch"),
 }

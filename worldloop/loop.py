@@ -69,7 +69,6 @@ def plan(config: Config, run: Path, inputs: Inputs) -> tuple[list[Stage], dict[s
         "demos": inputs.dataset or str(base / "demos"),
         "policy_base": inputs.base_policy or str(base / "policy_base"),
         "rollouts_base": str(base / "rollouts_base"),
-        "rollouts_judge": str(base / "rollouts_judge"),
         "vae": str(Path(inputs.world_model) / "vae") if inputs.world_model else str(base / "vae"),  # a world model keeps its VAE in vae/
         "wm_base": inputs.world_model or str(base / "wm_base"),
         "judge": inputs.judge or (lp.judge if lp.judge.startswith("topreward:") else str(base / "judge")),
@@ -95,11 +94,6 @@ def plan(config: Config, run: Path, inputs: Inputs) -> tuple[list[Stage], dict[s
         )
     )
     train_judge = inputs.judge is None and not lp.judge.startswith("topreward:")
-    if train_judge and lp.judge_rollouts_per_task and config.loop.gate_min_kappa is not None:
-        # the judge's replays of episodes the world model never saw (numbered after the base rollouts: initial states of their own)
-        first = ["--first-episode", str(lp.base_rollouts_per_task)]
-        stages.append(Stage("rollouts_judge", ["collect", "--out", p["rollouts_judge"], "--policy", p["policy_base"],
-                                               "--episodes-per-task", str(lp.judge_rollouts_per_task), *first, "--no-progress"]))  # fmt: skip
     if inputs.world_model is None:
         stages.append(Stage("vae", ["train-vae", "--dataset", p["rollouts_base"], "--out", p["vae"]]))
         stages.append(Stage("wm_base", ["train-wm", "--dataset", p["demos"], p["rollouts_base"], "--vae", p["vae"], "--out", p["wm_base"]]))
@@ -141,14 +135,12 @@ def judge_and_gate(config: Config, p: dict[str, str], world_model: str, judge: s
     if train_judge:
         # where the gate holds the judge to the world model's replays, it learns them too: the world model's replays join the
         # real frames (one trained on real frames alone passed nearly every failed replay of five MT10 tasks:
-        # docs/experiments/2026-12-04-fidelity-recipe.md); a gate that only reports (tiny presets) spares the replays. With
-        # loop.judge_rollouts_per_task, the replays are of episodes the world model did not train on, as the gate's and RL's are.
+        # docs/experiments/2026-12-04-fidelity-recipe.md); a gate that only reports (tiny presets) spares the replays. Replays
+        # of base-policy episodes the world model never trained on read the gate no better (kappa 0.26 either way,
+        # docs/experiments/2026-12-07-judge-on-unseen-replays.md): the replays are of its training episodes.
         datasets, replays = [p["demos"], p["rollouts_base"]], []
         if config.loop.gate_min_kappa is not None:
             replays = ["--world-model", world_model]
-            if config.loop.judge_rollouts_per_task:
-                datasets.append(p["rollouts_judge"])
-                replays += ["--replay", p["rollouts_judge"]]
         stages.append(Stage(f"judge{suffix}", ["train-reward", "--dataset", *datasets, *replays, "--out", judge]))
     stages.append(Stage(f"gate{suffix}", ["gate", "--policy", p["policy_base"], "--world-model", world_model, "--judge", judge,
                                           "--dataset", p["rollouts_base"], "--out", gate]))  # fmt: skip

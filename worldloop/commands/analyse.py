@@ -24,7 +24,8 @@ Example: worldloop analyse runs/exp; worldloop analyse runs/mw/gate; worldloop a
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", metavar="RUN", help="experiment folder, or a fidelity gate's folder")
     parser.add_argument("others", metavar="GATE", nargs="*", help="more gate folders of the same real episodes (other judges or rules): "
-                        "compared with RUN, episode by episode; RUN/judges_compared.md and .json")
+                        "compared with RUN, episode by episode; RUN/judges_compared.md and .json. Or more eval-wm folders of "
+                        "the recipe's other training runs: the margins side by side with their spread")
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
@@ -33,6 +34,12 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from worldloop.analysis import write_analysis
     from worldloop.diagnostics.gate import rebuild_gate
 
+    if args.others and all(is_eval_wm(folder) for folder in [args.run, *args.others]):
+        from worldloop.utils.io import read_json
+        from worldloop.worldmodel.evaluate import recipe_runs, recipe_runs_table
+
+        print(recipe_runs_table(recipe_runs({folder: read_json(Path(folder) / "metrics.json") for folder in [args.run, *args.others]})))
+        return 0
     if args.others:
         from worldloop.diagnostics.gate import compare_judges, comparison_table
         from worldloop.utils.io import atomic_write_json, atomic_write_text
@@ -56,3 +63,14 @@ def run(args: argparse.Namespace, config: Config) -> int:
     print(path.read_text(), end="")
     print(f"analysis: {path} and {path.with_suffix('.json')}")
     return 0
+
+
+def is_eval_wm(folder: str) -> bool:
+    """Whether ``folder`` holds eval-wm's metrics.json (its horizons' margins over copy-last-frame)."""
+    from pathlib import Path
+
+    from worldloop.utils.io import read_json
+
+    path = Path(folder) / "metrics.json"
+    horizons = read_json(path).get("horizons") if path.is_file() else None
+    return isinstance(horizons, dict) and bool(horizons) and all("copy_last_frame_psnr" in m for m in horizons.values())

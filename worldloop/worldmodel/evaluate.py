@@ -201,6 +201,33 @@ def paired_change(before: dict[str, Any], after: dict[str, Any], key: str = "psn
     return changes
 
 
+def recipe_runs(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The margins over copy-last-frame of one recipe's training runs (name -> its eval-wm metrics.json dict), per
+    horizon every run reached: each run's margin and its SE over episodes, the mean over runs, and the spread between
+    them (the largest margin less the smallest): one training run is no measurement of a recipe, and the spread
+    between two says how far one run's number lies from the next's."""
+    if len(runs) < 2:
+        raise ValueError(f"a recipe's spread needs two or more training runs' eval-wm metrics, got {len(runs)}")
+    horizons = [h for h in next(iter(runs.values()))["horizons"] if all(h in m["horizons"] for m in runs.values())]
+    table = {}
+    for h in horizons:
+        margins = {name: m["horizons"][h]["psnr"] - m["horizons"][h]["copy_last_frame_psnr"] for name, m in runs.items()}
+        table[h] = {"runs": {name: {"margin": margins[name], "stderr": m["horizons"][h]["psnr_margin_stderr"],
+                                    "episodes": m["horizons"][h]["episodes"]} for name, m in runs.items()},
+                    "mean": sum(margins.values()) / len(margins), "spread": max(margins.values()) - min(margins.values())}  # fmt: skip
+    return {"runs": list(runs), "horizons": table}
+
+
+def recipe_runs_table(result: dict[str, Any]) -> str:
+    """:func:`recipe_runs` as a markdown table: a row per horizon, a column per run, the mean and the spread."""
+    names = result["runs"]
+    lines = ["| frames | " + " | ".join(names) + " | mean | spread |", "| ---: |" + " ---: |" * (len(names) + 2)]
+    for h, row in result["horizons"].items():
+        cells = [f"{row['runs'][n]['margin']:+.2f} ± {row['runs'][n]['stderr']:.2f} ({row['runs'][n]['episodes']})" for n in names]
+        lines.append(f"| {h} | " + " | ".join(cells) + f" | {row['mean']:+.2f} | {row['spread']:.2f} |")
+    return "\n".join(lines)
+
+
 def mean_finite(values: torch.Tensor, weights: torch.Tensor) -> float:
     """The ``weights``-weighted mean of the finite ``values`` (NaN when there are none)."""
     finite = torch.isfinite(values)
