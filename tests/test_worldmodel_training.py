@@ -591,3 +591,52 @@ def test_a_copied_world_model_is_continued_by_init(vae, tmp_path):
         train_world_model(fast_config(steps=0), square_episodes(2, seed=3, length=16, action_dim=3), vae, tmp_path / "d", CPU, init=carried)
 
 
+
+
+def test_outcome_clips_are_those_whose_future_reaches_the_first_success():
+    """With chunk 8 and one chunk of lead, a first success after action 23 (shown from frame 24 on) marks the clips
+    whose future frames t+1..t+8 meet frames 16-31; static clips and episodes that never succeed have none."""
+    import numpy as np
+
+    from worldloop.worldmodel.clips import clip_spec, episode_clips, outcome_clips
+
+    actions = np.zeros((40, 2), np.float32)
+    specs = [clip_spec(actions, t, 8) for t in range(0, 32, 4)] + [clip_spec(actions, 20, 8, static=True)]
+    success = np.zeros(40, bool)
+    success[23:] = True
+    flags = outcome_clips(specs, success, chunk=8, lead_chunks=1)
+    assert flags.tolist() == [False, False, True, True, True, True, True, True, False]  # t = 0, 4 | 8 .. 28 | static
+    assert not outcome_clips(specs, np.zeros(40, bool), chunk=8).any() and not outcome_clips(specs, None, chunk=8).any()
+    # with the default lead of 3 chunks the window opens at frame 0: every moving clip of this short episode
+    assert outcome_clips(episode_clips(actions, 8, 4, np.random.default_rng(0), static_fraction=0.0), success, chunk=8).all()
+
+
+def test_outcome_weight_draws_outcome_clips_that_much_more_often(vae, tmp_path):
+    """world_model.outcome_weight W draws an outcome clip W times as often as another; train-wm says how many there
+    were and what share of the draws they got; W = 1 (the default) draws uniformly, as before the option."""
+    from types import SimpleNamespace
+
+    from _worldmodel_fixtures import square_episodes
+    from worldloop.worldmodel.train_dit import clip_weights, draw_batch
+
+    outcome = torch.tensor([True, False, False, False])
+    clips = {"latents": torch.arange(4.0).view(4, 1, 1, 1, 1).expand(4, 1, 4, 1, 1), "outcome": outcome}
+    assert clip_weights(clips, 1.0, CPU) is None and clip_weights({"latents": clips["latents"]}, 4.0, CPU) is None
+    weights = clip_weights(clips, 6.0, CPU)
+    assert weights.tolist() == [6.0, 1.0, 1.0, 1.0]
+    run = SimpleNamespace(generator=torch.Generator().manual_seed(0), config=fast_config(batch_size=9000), latents=clips["latents"],
+                          actions=torch.zeros(4, 13, 2), weights=weights)
+    x0, _ = draw_batch(run, SimpleNamespace(per_step=0), None, 0, slice(None))
+    assert abs(float((x0[:, 0, 0, 0, 0] == 0).float().mean()) - 6 / 9) < 0.02  # 6 / (6 + 3)
+
+    episodes = square_episodes(3, seed=2, length=64)
+    for episode in episodes:
+        episode.success = torch.arange(64).numpy() >= 50  # the first success after action 50
+    train_world_model(fast_config(outcome_weight=4.0), episodes, vae, tmp_path / "w", CPU)
+    results = json.loads((tmp_path / "w" / "results.json").read_text())
+    share = results["outcome_clips"] / results["clips"]
+    assert 0 < share < 1 and results["outcome_draw_share"] == pytest.approx(4 * share / (4 * share + 1 - share))
+    train_world_model(fast_config(), episodes, vae, tmp_path / "u", CPU)
+    assert json.loads((tmp_path / "u" / "results.json").read_text())["outcome_draw_share"] == pytest.approx(share)
+    with pytest.raises(ValueError, match="outcome_weight must be >= 1"):
+        fast_config(outcome_weight=0.5).validate()

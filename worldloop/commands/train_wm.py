@@ -58,7 +58,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
         total = f" ({r['steps_total']} in all)" if r.get("steps_total", r["steps"]) != r["steps"] else ""
         speed = f", {r['clips_per_s']:.1f} clips/s" if r.get("clips_per_s") else ""
         loss = "" if r.get("final_loss") is None else f", final loss {r['final_loss']:.4f}"
-        print(f"train-wm: {r['steps']} steps{total} on {r['clips']} clips in {r['train_seconds_this_run']:.0f} s{speed}, "
+        outcome = f" ({r['outcome_clips']} near a first success, {r['outcome_draw_share']:.0%} of draws)" if r.get("outcome_clips") else ""
+        print(f"train-wm: {r['steps']} steps{total} on {r['clips']} clips{outcome} in {r['train_seconds_this_run']:.0f} s{speed}, "
               f"{r['parameters_millions']:.1f} M parameters{loss}; world model in {args.out}, "
               f"results in {args.out}/results.json (eval-wm measures it)")  # fmt: skip
     return 0

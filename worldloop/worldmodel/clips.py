@@ -30,6 +30,9 @@ from worldloop.worldmodel.training import EpisodeLike, episode_actions, episode_
 CONTEXT = 5
 STATIC_FRACTION = 0.05
 """Share of training clips that are static (one frame repeated) with zero actions."""
+OUTCOME_LEAD_CHUNKS = 3
+"""A clip is an outcome clip (world_model.outcome_weight) when one of its future frames lies within this many chunks
+before its episode's first success or in the chunk that begins there: the approach the judge reads as a success."""
 
 
 @dataclass
@@ -69,6 +72,21 @@ def episode_clips(
     return clips
 
 
+def outcome_clips(specs: list[ClipSpec], success: np.ndarray | None, chunk: int, lead_chunks: int = OUTCOME_LEAD_CHUNKS) -> np.ndarray:
+    """Per clip of one episode (``success``: its (T,) per-frame flags after each action, None: unlabelled), whether
+    one of its future frames lies in ``[onset - lead_chunks * chunk, onset + chunk)`` around the first success's frame
+    ``onset``; static clips never are, and neither is any clip of an episode that never succeeds."""
+    flags = np.zeros(len(specs), dtype=bool)
+    if success is None or not np.asarray(success).any():
+        return flags
+    onset = int(np.argmax(np.asarray(success))) + 1  # frame i follows action i - 1: the first frame that shows the success
+    low, high = onset - lead_chunks * chunk, onset + chunk
+    for i, spec in enumerate(specs):
+        future = spec.frame_indices[CONTEXT:]
+        flags[i] = not spec.static and bool(((future >= low) & (future < high)).any())
+    return flags
+
+
 def predecessors(specs: list[ClipSpec], chunk: int) -> np.ndarray:
     """Per clip of one episode, the index of the clip one chunk earlier, whose last 4 future frames
     are this clip's memory frames (self-forcing generates them), or -1: a first chunk, a static clip,
@@ -82,10 +100,11 @@ def encode_clips(
     vae, episodes: Sequence[EpisodeLike], config: WorldModelConfig, device: torch.device, seed: int = 0, batch: int = 32, progress_bar: bool = True
 ) -> dict[str, torch.Tensor]:
     """Every training clip as latents ``(M, C, 4, h, w)`` [slot 0, memory, future, future] with its
-    13 raw actions ``(M, 13, A)`` and the index of the clip one chunk earlier ``(M,)`` (-1: none; see
-    :func:`predecessors`); ``progress_bar``: a progress bar over the episodes."""
+    13 raw actions ``(M, 13, A)``, the index of the clip one chunk earlier ``(M,)`` (-1: none; see
+    :func:`predecessors`) and whether it is an outcome clip ``(M,)`` (:func:`outcome_clips`); ``progress_bar``: a
+    progress bar over the episodes."""
     rng = np.random.default_rng(seed)
-    latents, actions, previous, count = [], [], [], 0
+    latents, actions, previous, outcome, count = [], [], [], [], 0
     for episode in progress(episodes, desc="encode clips", leave=False, disable=not progress_bar):
         frames = episode_frames(episode)
         specs = episode_clips(episode_actions(episode), config.chunk_size, config.clip_stride, rng)
@@ -100,9 +119,10 @@ def encode_clips(
                 clip_latents[:, :, :1] = reference
                 latents.append(clip_latents.float().cpu())
         actions.append(torch.as_tensor(np.stack([s.actions for s in specs])))
+        outcome.append(torch.as_tensor(outcome_clips(specs, getattr(episode, "success", None), config.chunk_size)))
         local = predecessors(specs, config.chunk_size)
         previous.append(torch.as_tensor(np.where(local >= 0, local + count, -1)))
         count += len(specs)
     if not latents:
         raise ValueError(f"no episode is long enough for a clip of {CONTEXT + config.chunk_size} frames")
-    return {"latents": torch.cat(latents), "actions": torch.cat(actions), "previous": torch.cat(previous)}
+    return {"latents": torch.cat(latents), "actions": torch.cat(actions), "previous": torch.cat(previous), "outcome": torch.cat(outcome)}

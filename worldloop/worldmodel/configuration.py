@@ -100,6 +100,12 @@ class WorldModelConfig:
     after worldloop.worldmodel.train_dit.SELF_FORCING_AFTER (30 %) of the budget. 0 disables."""
     clip_stride: int = 2
     """Frames between the start of consecutive training clips cut from one episode."""
+    outcome_weight: float = 1.0
+    """How many times as often as any other a training clip is drawn whose future frames come within
+    worldloop.worldmodel.clips.OUTCOME_LEAD_CHUNKS chunks before its episode's first success (through that success):
+    the moments a success judge reads, where open-loop replays part from the simulator's frames
+    (docs/experiments/2026-12-07-judge-on-unseen-replays.md). 1: every clip alike; episodes without success labels
+    have no such clips."""
     steps: int = 400
     """Optimizer steps of `worldloop train-wm`."""
     batch_size: int = 16
@@ -136,6 +142,8 @@ class WorldModelConfig:
         for name in ("clip_stride", "steps", "batch_size", "sampling_steps", "checkpoint_every", "eval_episodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.outcome_weight < 1.0:
+            raise ValueError(f"outcome_weight must be >= 1 (1: every clip drawn alike), got {self.outcome_weight}")
         if not 0.0 <= self.ema_decay < 1.0:
             raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
         if self.lr <= 0 or self.shift <= 0:

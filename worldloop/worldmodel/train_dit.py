@@ -132,7 +132,7 @@ def _cached_clips(vae, episodes: Sequence[EpisodeLike], config: WorldModelConfig
     file, meta = cache_dir / "latents.safetensors", cache_dir / "latents.json"
     if file.is_file() and meta.is_file() and read_json(meta).get("digest") == digest:
         clips = load_file(file)
-        if "previous" in clips:  # caches written before self-forcing lack it
+        if "previous" in clips and "outcome" in clips:  # caches written before self-forcing or outcome clips lack them
             return clips
     clips = encode_clips(vae, episodes, config, device, seed)
     with atomic_path(file) as tmp:
@@ -175,6 +175,8 @@ class Run:
     latents: torch.Tensor  # (M, C, 4, h, w) on the device: every clip's
     actions: torch.Tensor  # (M, 13, A) normalised, once for every batch and self-forced sample
     previous: torch.Tensor | None  # (M,) the clip one chunk earlier (-1: none); None: the clips do not say
+    weights: torch.Tensor | None = None  # (M,) how often each clip is drawn (world_model.outcome_weight); None: alike
+    outcome_clips: int = 0  # clips near an episode's first success (worldloop.worldmodel.clips.outcome_clips)
     done: int = 0  # optimizer steps taken, in this run and those it resumed
     first: int = 0  # the step this run started at
     loss: torch.Tensor | None = None  # the last step's
@@ -224,6 +226,8 @@ def start_run(config: WorldModelConfig, out: Path, vae, clips: dict[str, torch.T
     std = torch.as_tensor(action_std, dtype=torch.float32, device=device)
     run = Run(config, out, model, ema, optimizer, scheduler, budget, generator, shape, latents, (actions - mean) / std,
               clips["previous"].to(device) if "previous" in clips else None)  # fmt: skip
+    run.weights = clip_weights(clips, config.outcome_weight, device)
+    run.outcome_clips = int(clips["outcome"].sum()) if "outcome" in clips else 0
     resumed = resume(out, "train-wm", run.modules, run.stateful, check=run.same_shape)
     if resumed is not None:
         _, run.done, extra = resumed
@@ -231,6 +235,22 @@ def start_run(config: WorldModelConfig, out: Path, vae, clips: dict[str, torch.T
     for module in run.modules.values():
         distributed.broadcast_parameters(module)
     return run
+
+
+def clip_weights(clips: dict[str, torch.Tensor], outcome_weight: float, device: torch.device) -> torch.Tensor | None:
+    """Each clip's drawing weight: ``outcome_weight`` for an outcome clip, 1 for any other; None (drawn uniformly, as
+    before the option) when the weight is 1 or no clip is an outcome clip."""
+    outcome = clips.get("outcome")
+    if outcome_weight == 1.0 or outcome is None or not bool(outcome.any()):
+        return None
+    return torch.where(outcome.to(device).bool(), outcome_weight, 1.0).float()
+
+
+def outcome_draw_share(run: Run) -> float:
+    """The expected share of drawn clips that are outcome clips (their share of the clips when drawn uniformly)."""
+    if run.weights is None:
+        return run.outcome_clips / len(run.latents)
+    return float(run.weights[run.weights != 1.0].sum() / run.weights.sum())
 
 
 def load_init_weights(dit, init_dit) -> None:
@@ -317,11 +337,15 @@ def train_steps(run: Run, forcing: SelfForcing, forward, vae, writer, log_every:
 
 
 def draw_batch(run: Run, forcing: SelfForcing, forward, step: int, mine: slice) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step ``step``'s global batch of clips (B, C, 4, h, w) and their normalised actions (B, 13, A), drawn uniformly;
+    """Step ``step``'s global batch of clips (B, C, 4, h, w) and their normalised actions (B, 13, A), drawn uniformly
+    (or by ``run.weights``);
     once self-forcing has started, its rows are clips that have a predecessor, and this rank's of them hold the memory
     latent the model samples from the real context one chunk earlier: what it will see from a rollout's second chunk on."""
     generator, batch, device = run.generator, run.config.batch_size, run.latents.device
-    index = torch.randint(len(run.latents), (batch,), generator=generator, device=device)
+    if run.weights is None:
+        index = torch.randint(len(run.latents), (batch,), generator=generator, device=device)
+    else:  # outcome clips world_model.outcome_weight times as often
+        index = torch.multinomial(run.weights, batch, replacement=True, generator=generator)
     forced = forcing.per_step and run.budget.fraction(step) >= forcing.after
     if forced:
         pick = torch.randint(len(forcing.candidates), (forcing.per_step,), generator=generator, device=device)
@@ -385,7 +409,8 @@ def finish_run(run: Run, forward, vae, writer, steps_before: int | None, log_eve
     model.save_pretrained(run.out, dit=ema)
     total = {} if steps_before is None else {"steps_total": steps_before + done}  # "steps" are this run's
     atomic_write_json(run.out / "results.json", {"steps": done, **total, "final_loss": run.loss_value, "clips": len(run.latents),
-                                                 "self_forced_clips_this_run": run.self_forced,
+                                                 "self_forced_clips_this_run": run.self_forced, "outcome_clips": run.outcome_clips,
+                                                 "outcome_draw_share": outcome_draw_share(run),
                                                  "train_seconds_this_run": time.time() - run.budget.started, "batch_size": config.batch_size,
                                                  "compiled": was_compiled, "processes": distributed.world_size(),
                                                  "clips_per_s": (done - run.first) * config.batch_size / loop_seconds if loop_seconds > 0 else None,
