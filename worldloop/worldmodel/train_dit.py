@@ -29,7 +29,7 @@ from worldloop.utils import distributed
 from worldloop.utils.checkpoint import resume, save_checkpoint
 from worldloop.utils.io import atomic_path, atomic_write_json, read_json
 from worldloop.worldmodel import vae as vae_lib
-from worldloop.worldmodel.clips import STATIC_FRACTION, encode_clips
+from worldloop.worldmodel.clips import OUTCOME_LEAD_CHUNKS, STATIC_FRACTION, encode_clips
 from worldloop.worldmodel.configuration import WorldModelConfig
 from worldloop.worldmodel.flow_matching import flow_matching_loss
 from worldloop.worldmodel.rollout import WorldModel, autocast, sample_future
@@ -108,7 +108,7 @@ def training_clips(config: WorldModelConfig, episodes: Sequence[EpisodeLike], va
     image_size = int(episode_frames(episodes[0]).shape[1])
     all_actions = np.concatenate([episode_actions(e) for e in episodes])
     key = dict(cache_key or {}, image_size=image_size, episodes=len(episodes), chunk=config.chunk_size,
-               stride=config.clip_stride, static=STATIC_FRACTION, seed=seed,
+               stride=config.clip_stride, static=STATIC_FRACTION, outcome_lead=OUTCOME_LEAD_CHUNKS, seed=seed,
                vae_mean=list(vae.config.latents_mean)[:4])  # fmt: skip
     return cached_clips(vae, episodes, config, device, out, key, seed), image_size, all_actions
 
