@@ -114,6 +114,7 @@ def test_a_task_passes_only_with_kappa_above_the_bar_and_an_interval_clear_of_th
     assert "| door-open-v3 | 24 | 0.50 ± 0.10 | 0.50 ± 0.10 | 1.00 ± 0.00 | [1.00, 1.00] | 1.00 | 1.00 | yes |" in table
     assert "| reach-v3 | 24 | 1.00 ± 0.00 | 1.00 ± 0.00 | undefined | - | - | undefined | no: kappa undefined" in table
     assert "Thresholds chosen on 78 calibration episodes; every number below from the other 78." in table
+    assert "Judged on replays less real success, on the tasks meeting the bar (1 of 1 within 0.10): door-open-v3 +0.00." in table
     # not enforced: every task passes, and the table says the gate only measured, each task against the default bar
     loose = gate_verdicts(gate, GateRule(per_task=True, min_kappa=None), fallback_threshold=0.5)
     assert loose["passed"] == list(result["tasks"]) and [t for t, row in loose["tasks"].items() if row["meets_bar"]] == ["door-open-v3"]
