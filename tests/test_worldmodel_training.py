@@ -531,6 +531,12 @@ def test_a_profile_names_the_operators_a_call_spends_its_time_in():
     assert next(o for o in profile["operators"] if o["name"] == "aten::add_")["calls"] == 2
     assert 0.99 <= sum(o["share"] for o in profile["operators"]) <= 1.0 + 1e-9 and profile["busy"] is None
     assert profile["wall_ms"] > 0 and "aten::add_" in format_profile(profile) and "GPU busy" not in format_profile(profile)
+    # the copies by input shape: a cast of a (64, 3, 3) weight-like tensor and of a (4, 8, 96, 96) activation-like one
+    weight, activation = torch.randn(64, 3, 3), torch.randn(4, 8, 96, 96)
+    casts = profile_calls(lambda: (weight.to(torch.bfloat16), activation.to(torch.bfloat16)), CPU, calls=2)["copies"]
+    shapes = [c["shapes"] for c in casts]
+    assert [[4, 8, 96, 96], [4, 8, 96, 96]] in shapes and [[64, 3, 3], [64, 3, 3]] in shapes and all(c["calls"] == 1 for c in casts)
+    assert casts[0]["shapes"] == [[4, 8, 96, 96], [4, 8, 96, 96]]  # the bigger copy first
 
 
 def test_frame_store_draws_clips_of_consecutive_frames_and_holds_a_short_episodes_last():

@@ -46,17 +46,19 @@ def gpu_busy_seconds(fn: Callable[[], Any], device: torch.device) -> tuple[float
     return wall, union_length(kernels) / 1e6  # the profiler's times are microseconds
 
 
-def profile_calls(fn: Callable[[], Any], device: torch.device, calls: int = 3, top: int = 12) -> dict[str, Any]:
+def profile_calls(fn: Callable[[], Any], device: torch.device, calls: int = 3, top: int = 12, top_copies: int = 6) -> dict[str, Any]:
     """Where ``calls`` calls of ``fn`` (after one untimed) spend their time, from torch.profiler: the profiled wall
     seconds per call; on a GPU, the share of it in which a kernel ran (``busy``: the rest is the GPU waiting for the
     CPU) and the kernels launched per call; and the ``top`` operators by their own time on the device (on a CPU, by
-    their own CPU time), each with its calls and milliseconds per call of ``fn`` and its share of that own time."""
+    their own CPU time), each with its calls and milliseconds per call of ``fn`` and its share of that own time; and
+    ``copies``: the ``top_copies`` groups of ``aten::copy_`` calls (dtype casts and copies) by their input shapes, the
+    same way, so that a reader tells a weight's cast from an activation's."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
     synchronize(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=True) as prof:
         start = time.perf_counter()
         for _ in range(calls):
             fn()
@@ -72,8 +74,11 @@ def profile_calls(fn: Callable[[], Any], device: torch.device, calls: int = 3, t
     total = sum(own_us(e) for e in averages) or 1.0
     operators = [{"name": e.key, "calls": e.count / calls, "ms": own_us(e) / 1e3 / calls, "share": own_us(e) / total}
                  for e in sorted(averages, key=own_us, reverse=True)[:top]]  # fmt: skip
+    copies = sorted((e for e in prof.key_averages(group_by_input_shape=True) if e.key == "aten::copy_" and own_us(e) > 0), key=own_us, reverse=True)
+    copies = [{"shapes": [list(shape) for shape in e.input_shapes if shape], "calls": e.count / calls, "ms": own_us(e) / 1e3 / calls,
+               "share": own_us(e) / total} for e in copies[:top_copies]]  # fmt: skip
     return {"wall_ms": 1e3 * wall, "busy": union_length(kernels) / 1e6 / calls / wall if on_gpu else None,
-            "kernels_per_call": len(kernels) / calls if on_gpu else None, "operators": operators}  # fmt: skip
+            "kernels_per_call": len(kernels) / calls if on_gpu else None, "operators": operators, "copies": copies}  # fmt: skip
 
 
 def format_profile(profile: dict[str, Any]) -> str:
@@ -81,6 +86,9 @@ def format_profile(profile: dict[str, Any]) -> str:
     busy = "" if profile["busy"] is None else f", GPU busy {100 * profile['busy']:.0f} %, {profile['kernels_per_call']:.0f} kernels"
     lines = [f"profiled: {profile['wall_ms']:.1f} ms per call{busy}", f"  {'operator':<48} {'calls':>6} {'ms':>8} {'share':>6}"]
     lines += [f"  {o['name'][:48]:<48} {o['calls']:6.0f} {o['ms']:8.2f} {100 * o['share']:5.1f}%" for o in profile["operators"]]
+    if profile.get("copies"):
+        lines += [f"  {'aten::copy_ by input shapes':<48} {'calls':>6} {'ms':>8} {'share':>6}"]
+        lines += [f"  {' <- '.join(map(str, c['shapes']))[:48]:<48} {c['calls']:6.0f} {c['ms']:8.2f} {100 * c['share']:5.1f}%" for c in profile["copies"]]
     return "\n".join(lines)
 
 
