@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", nargs="+", default=["tiny"], choices=("tiny", "small", "wan2.2-5b", "7b"),
                         help="wm: world-model dimensions to measure (tiny, small, wan2.2-5b); vla: tiny or 7b (OpenVLA-OFT); random weights (default: tiny)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64], help="wm, vla: environments per step (default: 1 8 64)")
-    parser.add_argument("--profile", action="store_true", help="wm: also profile each setting's step (torch.profiler: the GPU's busy share, kernels, the top operators)")
+    parser.add_argument("--profile", action="store_true", help="wm: also profile each setting's step (torch.profiler: the GPU's busy share, kernels, the top operators, the copies by input shape)")
     parser.add_argument("--out", default=None, help="also write the table to this text file")
 
 
