@@ -627,8 +627,8 @@ def test_outcome_weight_draws_outcome_clips_that_much_more_often(vae, tmp_path):
 
     outcome = torch.tensor([True, False, False, False])
     clips = {"latents": torch.arange(4.0).view(4, 1, 1, 1, 1).expand(4, 1, 4, 1, 1), "outcome": outcome}
-    assert clip_weights(clips, 1.0, CPU) is None and clip_weights({"latents": clips["latents"]}, 4.0, CPU) is None
-    weights = clip_weights(clips, 6.0, CPU)
+    assert clip_weights(outcome, 1.0) is None and clip_weights(None, 4.0) is None
+    weights = clip_weights(outcome, 6.0)
     assert weights.tolist() == [6.0, 1.0, 1.0, 1.0]
     run = SimpleNamespace(generator=torch.Generator().manual_seed(0), config=fast_config(batch_size=9000), latents=clips["latents"],
                           actions=torch.zeros(4, 13, 2), weights=weights)

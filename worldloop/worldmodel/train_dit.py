@@ -176,7 +176,7 @@ class Run:
     actions: torch.Tensor  # (M, 13, A) normalised, once for every batch and self-forced sample
     previous: torch.Tensor | None  # (M,) the clip one chunk earlier (-1: none); None: the clips do not say
     weights: torch.Tensor | None = None  # (M,) how often each clip is drawn (world_model.outcome_weight); None: alike
-    outcome_clips: int = 0  # clips near an episode's first success (worldloop.worldmodel.clips.outcome_clips)
+    outcome: torch.Tensor | None = None  # (M,) bool: clips near an episode's first success (clips.outcome_clips); None: the clips do not say
     done: int = 0  # optimizer steps taken, in this run and those it resumed
     first: int = 0  # the step this run started at
     loss: torch.Tensor | None = None  # the last step's
@@ -226,8 +226,8 @@ def start_run(config: WorldModelConfig, out: Path, vae, clips: dict[str, torch.T
     std = torch.as_tensor(action_std, dtype=torch.float32, device=device)
     run = Run(config, out, model, ema, optimizer, scheduler, budget, generator, shape, latents, (actions - mean) / std,
               clips["previous"].to(device) if "previous" in clips else None)  # fmt: skip
-    run.weights = clip_weights(clips, config.outcome_weight, device)
-    run.outcome_clips = int(clips["outcome"].sum()) if "outcome" in clips else 0
+    run.outcome = clips["outcome"].to(device).bool() if "outcome" in clips else None
+    run.weights = clip_weights(run.outcome, config.outcome_weight)
     resumed = resume(out, "train-wm", run.modules, run.stateful, check=run.same_shape)
     if resumed is not None:
         _, run.done, extra = resumed
@@ -237,20 +237,20 @@ def start_run(config: WorldModelConfig, out: Path, vae, clips: dict[str, torch.T
     return run
 
 
-def clip_weights(clips: dict[str, torch.Tensor], outcome_weight: float, device: torch.device) -> torch.Tensor | None:
-    """Each clip's drawing weight: ``outcome_weight`` for an outcome clip, 1 for any other; None (drawn uniformly, as
-    before the option) when the weight is 1 or no clip is an outcome clip."""
-    outcome = clips.get("outcome")
+def clip_weights(outcome: torch.Tensor | None, outcome_weight: float) -> torch.Tensor | None:
+    """Each clip's drawing weight from its ``outcome`` flag (M,): ``outcome_weight`` for an outcome clip, 1 for any
+    other; None (drawn uniformly, as before the option) when the weight is 1 or no clip is an outcome clip."""
     if outcome_weight == 1.0 or outcome is None or not bool(outcome.any()):
         return None
-    return torch.where(outcome.to(device).bool(), outcome_weight, 1.0).float()
+    return torch.where(outcome, outcome_weight, 1.0).float()
 
 
 def outcome_draw_share(run: Run) -> float:
     """The expected share of drawn clips that are outcome clips (their share of the clips when drawn uniformly)."""
-    if run.weights is None:
-        return run.outcome_clips / len(run.latents)
-    return float(run.weights[run.weights != 1.0].sum() / run.weights.sum())
+    if run.outcome is None:
+        return 0.0
+    weights = run.weights if run.weights is not None else torch.ones(len(run.outcome), device=run.outcome.device)
+    return float(weights[run.outcome].sum() / weights.sum())
 
 
 def load_init_weights(dit, init_dit) -> None:
@@ -409,7 +409,7 @@ def finish_run(run: Run, forward, vae, writer, steps_before: int | None, log_eve
     model.save_pretrained(run.out, dit=ema)
     total = {} if steps_before is None else {"steps_total": steps_before + done}  # "steps" are this run's
     atomic_write_json(run.out / "results.json", {"steps": done, **total, "final_loss": run.loss_value, "clips": len(run.latents),
-                                                 "self_forced_clips_this_run": run.self_forced, "outcome_clips": run.outcome_clips,
+                                                 "self_forced_clips_this_run": run.self_forced, "outcome_clips": 0 if run.outcome is None else int(run.outcome.sum()),
                                                  "outcome_draw_share": outcome_draw_share(run),
                                                  "train_seconds_this_run": time.time() - run.budget.started, "batch_size": config.batch_size,
                                                  "compiled": was_compiled, "processes": distributed.world_size(),
