@@ -30,9 +30,9 @@ $W train-wm $P --dataset $R/demos $R/rollouts_base --vae $R/vae --out $R/wm_outc
 echo "outcome $? $(date +%s)" >> $R/arms.txt
 for arm in base outcome; do  # side by side: the same work either way, ~90 s less device time
   ( $W gate $P --policy $R/policy_base --world-model $R/wm_$arm --judge $R/judge_real --dataset $R/rollouts_base --out $R/gate_$arm seed=2 > $R/gate_$arm.log 2>&1
-    echo "gate_$arm $? $(date +%s)" >> $R/arms.txt ) &
+    echo "gate_$arm $? $(date +%s)" >> $R/arms.txt ) & GATES="${GATES:-} $!"
 done
-wait
+wait $GATES  # not the log's tail, which runs until killed
 $W analyse $R/gate_base $R/gate_outcome > $R/analyse.log 2>&1
 $W analyse $R/eval_wm_base $R/eval_wm_outcome >> $R/analyse.log 2>&1
 kill $TAIL; cp /tmp/oc-loop.log $R/run.log
