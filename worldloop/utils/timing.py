@@ -72,11 +72,10 @@ def profile_calls(fn: Callable[[], Any], device: torch.device, calls: int = 3, t
 
     averages = [e for e in prof.key_averages() if own_us(e) > 0]
     total = sum(own_us(e) for e in averages) or 1.0
-    operators = [{"name": e.key, "calls": e.count / calls, "ms": own_us(e) / 1e3 / calls, "share": own_us(e) / total}
-                 for e in sorted(averages, key=own_us, reverse=True)[:top]]  # fmt: skip
+    timed = lambda e: {"calls": e.count / calls, "ms": own_us(e) / 1e3 / calls, "share": own_us(e) / total}  # noqa: E731
+    operators = [{"name": e.key} | timed(e) for e in sorted(averages, key=own_us, reverse=True)[:top]]
     copies = sorted((e for e in prof.key_averages(group_by_input_shape=True) if e.key == "aten::copy_" and own_us(e) > 0), key=own_us, reverse=True)
-    copies = [{"shapes": [list(shape) for shape in e.input_shapes if shape], "calls": e.count / calls, "ms": own_us(e) / 1e3 / calls,
-               "share": own_us(e) / total} for e in copies[:top_copies]]  # fmt: skip
+    copies = [{"shapes": [list(shape) for shape in e.input_shapes if shape]} | timed(e) for e in copies[:top_copies]]
     return {"wall_ms": 1e3 * wall, "busy": union_length(kernels) / 1e6 / calls / wall if on_gpu else None,
             "kernels_per_call": len(kernels) / calls if on_gpu else None, "operators": operators, "copies": copies}  # fmt: skip
 
