@@ -78,7 +78,7 @@ def test_saved_config_round_trips(tmp_path):
     assert load_saved_config(tmp_path) == config
 
 
-LEAF_KNOBS = 116
+LEAF_KNOBS = 118
 """The most leaf fields the schema may hold."""
 
 
@@ -129,7 +129,8 @@ def test_the_knob_count_stays_small():
     one per-task threshold switch for the gate and RL (reward.calibrate.threshold_per_task), the noisy share of expert
     episodes fixed (NOISY_FRACTION) and vae.pretrained folded into vae.init (2026-12-07); 115 with
     loop.judge_rollouts_per_task retired (2026-12-07, its pre-registered comparison lost); 116 with
-    world_model.outcome_weight (2026-12-07)."""
+    world_model.outcome_weight (2026-12-07); 118 with a light decoder (vae.decoder_base_dim, world_model.decoder,
+    2026-12-07)."""
     assert len(leaf_fields(Config)) <= LEAF_KNOBS
 
 

@@ -335,8 +335,8 @@ def describe(hint: Any) -> str:
 
 SAVED_WITH_MODEL: dict[str, tuple[str, ...] | None] = {
     "policy": None,
-    "vae": ("size", "spatial_downsamples"),
-    "world_model": ("size", "chunk_size", "context_channels", "sampling_steps", "shift", "decode", "memory_noise"),
+    "vae": ("size", "spatial_downsamples", "decoder_base_dim"),
+    "world_model": ("size", "chunk_size", "context_channels", "sampling_steps", "shift", "decode", "decoder", "memory_noise"),
     "reward.classifier": None,
 }
 """What a trained model keeps in its folder (section -> its fields, None: every field): the architecture, and the world

@@ -10,7 +10,7 @@ from worldloop.config import Config, parse_overrides
 if TYPE_CHECKING:
     import torch
 
-SAMPLING_OPTIONS = ("sampling_steps", "shift", "decode", "memory_noise")
+SAMPLING_OPTIONS = ("sampling_steps", "shift", "decode", "decoder", "memory_noise")
 
 
 def load_world_model(folder: str | Path, config: Config, overrides: list[str], device: "torch.device") -> Any:

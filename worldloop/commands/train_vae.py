@@ -44,6 +44,11 @@ def describe(metrics: dict) -> str:
     speed = f" ({metrics['clips_per_s']:.1f} clips/s)" if metrics.get("clips_per_s") else ""
     trained = (f"{metrics['steps']} steps, {metrics['train_seconds_this_run']:.0f} s this run{speed}, "
                f"{metrics['parameters_millions']:.1f} M parameters") if metrics["steps"] else "vae.init taken as it is, no training"  # fmt: skip
+    teacher = metrics.get("teacher")
+    if teacher:
+        trained += (f"; a decoder {metrics['decoder_base_dim']} wide ({metrics['decoder_parameters_millions']:.2f} M) distilled from "
+                    f"{teacher['vae']}'s ({teacher['decoder_base_dim']} wide), {teacher['held_out_psnr_vs_teacher']['psnr']:.2f} dB "
+                    f"against its own decode")  # fmt: skip
     if not held:
         return trained
     where = "training clips (the dataset has too few episodes to hold any out)" if metrics.get("held_out_is_train") else "held-out clips"

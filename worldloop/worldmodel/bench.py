@@ -38,7 +38,7 @@ def build_model(size: str, config: Config, device: torch.device):
 
     torch.manual_seed(0)
     with torch.device(device):  # initialise on the GPU: 5B random parameters take minutes on the CPU
-        vae = vae_lib.build_vae(VAEConfig(size=size))
+        vae = vae_lib.build_vae(VAEConfig(size=size, decoder_base_dim=config.vae.decoder_base_dim))
         wm_config = dataclasses.replace(config.world_model, size=size)
         return WorldModel.build(wm_config, vae, RESOLUTION[size], 4, device=device).for_inference()
 
@@ -73,7 +73,7 @@ def measure(model, size: str, batch: int, device: torch.device, repeats: int = 3
 
     def decode_full():
         with autocast(device):
-            vae_lib.decode(model.vae, torch.cat([context, new], dim=2))
+            vae_lib.decode(model.decoding_vae, torch.cat([context, new], dim=2))
 
     cached_s = seconds_per_call(decode_new, device, repeats)
     full_s = seconds_per_call(decode_full, device, repeats)

@@ -26,6 +26,12 @@ class VAEConfig:
     spatial_downsamples: int = 3
     """Spatial halvings of the encoder (the latent is 2^n times smaller per side): 3 = 8x (Wan2.1), 2 = 4x.
     Ignored by 'wan2.2-5b', which is always 16x."""
+    decoder_base_dim: int | None = None
+    """Channels of the decoder's first stage (diffusers' ``decoder_base_dim``; None: as the encoder's, or as vae.init's).
+    With vae.init and a narrower value, train-vae distils a light decoder: vae.init's encoder and latent statistics are
+    kept frozen, and the narrower decoder learns to decode its latents as vae.init's own decoder does (the Wan2.2 VAE's
+    decodes at 256 channels; 64 costs about 1/16 of its convolution FLOPs). A world model decodes with it through
+    ``world_model.decoder``."""
     # Where its weights come from, and training (`worldloop train-vae`)
     init: str | None = None
     """A local diffusers-format AutoencoderKLWan folder (an earlier train-vae's --out, or the Wan2.2 VAE) whose weights
@@ -47,6 +53,8 @@ class VAEConfig:
     def validate(self) -> None:
         if self.size not in SIZES:
             raise ValueError(f"size must be one of {SIZES}, got {self.size!r}")
+        if self.decoder_base_dim is not None and self.decoder_base_dim < 1:
+            raise ValueError(f"decoder_base_dim must be >= 1 (or None: the encoder's), got {self.decoder_base_dim}")
         if self.spatial_downsamples not in (2, 3):
             raise ValueError(f"spatial_downsamples must be 2 or 3, got {self.spatial_downsamples}")
         for name in ("batch_size", "checkpoint_every"):
@@ -64,7 +72,7 @@ class VAEConfig:
 class WorldModelConfig:
     """The action-conditioned DiT (diffusers ``WanTransformer3DModel``), its training, sampling and evaluation.
 
-    The sampling options (sampling_steps, shift, decode, memory_noise) are saved with a trained model. The
+    The sampling options (sampling_steps, shift, decode, decoder, memory_noise) are saved with a trained model. The
     verbs that load one (eval-wm, train-reward, calibrate-reward, rl) sample as saved, except for the options
     named on their command line."""
 
@@ -89,6 +97,10 @@ class WorldModelConfig:
     rollout. A VAE trained on 13-frame clips drifts in such a long decode: objects fade within three
     chunks (docs/experiments/2026-12-01-context-channels.md). 'cached' is for a VAE that learned long videos (Wan2.2's
     pipelines decode whole videos this way)."""
+    decoder: str | None = None
+    """Sampling: a VAE folder whose decoder decodes the imagined frames instead of the world model's own (a light
+    decoder distilled from it: `worldloop train-vae --dataset D --out LIGHT vae.init=WM/vae vae.decoder_base_dim=64`).
+    Its encoder and latent statistics must be the world model's, which is checked. None: the world model's own VAE."""
     memory_noise: float = 0.0
     """Sampling: noise level sigma put on the memory latent at every rollout step, the model told so by its
     per-token timestep (trained for: worldloop.worldmodel.flow_matching.CONTEXT_NOISE): it then trusts its own last frames less. 0 = clean."""

@@ -305,7 +305,8 @@ def evaluate_world_model(
         "rollout_frames_per_second": rollout_fps,
         "num_envs": len(episodes),
         "device": str(model.device),
-        "sampling": {"steps": model.sampling_steps, "shift": model.shift, "decode": model.decode_mode, "memory_noise": model.memory_noise},
+        "sampling": {"steps": model.sampling_steps, "shift": model.shift, "decode": model.decode_mode, "memory_noise": model.memory_noise,
+                     "decoder": getattr(model, "spec", {}).get("decoder")},
         "model": {k: model.spec[k] for k in ("size", "image_size", "context_channels")},
     }
     if sim_config is not None:  # both action sequences in one simulator run of 2N environments

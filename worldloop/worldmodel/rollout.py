@@ -107,7 +107,7 @@ class WorldModel:
         self.action_mean = torch.tensor(spec["action_mean"], dtype=torch.float32, device=self.device)
         self.action_std = torch.tensor(spec["action_std"], dtype=torch.float32, device=self.device)
         self.set_sampling(spec.get("sampling_steps", 5), spec.get("shift", 5.0), spec.get("decode", "full"), spec.get("memory_noise", 0.0))
-        self.decoder = vae_lib.StreamingDecoder(self.vae)
+        self.use_decoder(spec.get("decoder"))
         self.context: torch.Tensor | None = None  # (N, C, 2, h, w)
         self.context_actions: torch.Tensor | None = None  # (N, 5, A) raw
         self.generators: list[torch.Generator] = []
@@ -128,13 +128,14 @@ class WorldModel:
             action_mean=list(action_mean) if action_mean is not None else [0.0] * action_dim,
             action_std=list(action_std) if action_std is not None else [1.0] * action_dim,
             sampling_steps=config.sampling_steps, shift=config.shift, decode=config.decode, memory_noise=config.memory_noise,
+            decoder=config.decoder,
         )  # fmt: skip
         return cls(dit, vae, spec, device)
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, device: str | torch.device = "auto", **sampling: Any) -> "WorldModel":
         """Load a folder written by :meth:`save_pretrained`; ``sampling`` may override
-        ``sampling_steps``, ``shift``, ``decode`` and ``memory_noise``."""
+        ``sampling_steps``, ``shift``, ``decode``, ``decoder`` and ``memory_noise``."""
         folder = Path(folder)
         spec = read_model_config(folder, kind=KIND)
         vae = vae_lib.load_vae(folder / "vae")
@@ -184,6 +185,17 @@ class WorldModel:
         self.sampling_steps, self.shift, self.decode_mode, self.memory_noise = int(steps), float(shift), decode, float(memory_noise)
         self.sigmas = sampler_sigmas(self.sampling_steps, self.shift)
         self.spec.update(sampling_steps=self.sampling_steps, shift=self.shift, decode=decode, memory_noise=self.memory_noise)
+
+    def use_decoder(self, folder: str | Path | None) -> None:
+        """Decode imagined frames with the VAE in ``folder`` (a light decoder distilled from this model's VAE: its
+        encoder and latent statistics must be this model's, which is checked), or with the model's own (None)."""
+        self.decoding_vae = self.vae
+        if folder is not None:
+            light = vae_lib.load_vae(folder)
+            vae_lib.check_same_encoding(light, self.vae, f"decoder {folder}")
+            self.decoding_vae = light.to(self.device).eval()
+        self.decoder = vae_lib.StreamingDecoder(self.decoding_vae)
+        self.spec["decoder"] = None if folder is None else str(folder)
 
     # ------------------------------------------------------------------------------------ rollout
 
@@ -267,7 +279,7 @@ class WorldModel:
             if self.decode_mode == "cached":
                 frames = self.decoder(new)
             else:
-                frames = vae_lib.decode(self.vae, torch.cat([self.context, new], dim=2))[:, -self.chunk_size :]
+                frames = vae_lib.decode(self.decoding_vae, torch.cat([self.context, new], dim=2))[:, -self.chunk_size :]
         # the next context: the reference stays, the last generated latent becomes the memory, with the actions that made it
         self.context_actions = torch.zeros_like(self.context_actions)
         self.context_actions[:, 1:] = actions[:, -MEMORY:]

@@ -1,5 +1,7 @@
 """Training the VAE, top to bottom: random clips of dataset frames -> AutoencoderKLWan, L1 + L2 reconstruction + KL;
-then per-channel latent statistics and held-out PSNR/SSIM.
+then per-channel latent statistics and held-out PSNR/SSIM. With ``vae.init`` and a narrower ``vae.decoder_base_dim``
+it distils a light decoder instead: the init's encoder stays frozen, and the new decoder learns (L1 + L2) to decode
+the init's latents into the frames the init's own decoder makes of them.
 
 Under torchrun it is data-parallel (:mod:`worldloop.utils.distributed`): every rank draws the same global batch and
 trains on its rows, the gradients are averaged, rank 0 writes checkpoints, TensorBoard and the VAE.
@@ -118,6 +120,39 @@ def vae_loss(forward, vae, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return l1 + l2 + KL_WEIGHT * kl, l1, kl
 
 
+def distill_forward(vae, teacher, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A light decoder's training forward: the teacher encodes (a posterior sample, as its own decoder was trained on)
+    and decodes; ``vae``'s decoder decodes the same latents. Returns the teacher's frames and ``vae``'s."""
+    with torch.no_grad():
+        latents = teacher.encode(pixels).latent_dist.sample()
+        target = teacher.decode(latents).sample
+    return target, vae.decode(latents).sample
+
+
+def distill_loss(forward, vae, teacher, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """L1 + L2 between the light decoder's frames and the teacher's (through ``forward``: :func:`distill_forward`, or it
+    compiled). Returns the loss, its L1 and a zero KL (the encoder is the teacher's, frozen)."""
+    with autocast(pixels.device):
+        target, recon = forward(vae, teacher, pixels)
+    recon, target = recon.float(), target.float()
+    l1 = (recon - target).abs().mean()
+    return l1 + (recon - target).pow(2).mean(), l1, torch.zeros((), device=pixels.device)
+
+
+def teacher_agreement(vae, teacher, episodes: Sequence[EpisodeLike], device: torch.device, clips: int = 64, length: int = 13, seed: int = 0) -> dict[str, float]:
+    """Mean PSNR of a light decoder's frames against its teacher's own decode of the same latents (the teacher's
+    posterior means of held-out clips): how closely the fast path reproduces the reference one."""
+    generator = torch.Generator().manual_seed(seed)
+    real = _random_clips(episodes, clips, length, generator).to(device)
+    values = []
+    with torch.no_grad():
+        for batch in real.split(16):
+            with autocast(device):
+                latents = vae_lib.encode(teacher, batch)
+                values.append(psnr(vae_lib.decode(vae, latents), vae_lib.decode(teacher, latents)).flatten())
+    return {"psnr": float(torch.cat(values).mean()), "clips": clips, "frames_per_clip": length}
+
+
 def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out: Sequence[EpisodeLike], out: str | Path, device: torch.device, seed: int = 0,
               log_every: int = LOG_EVERY, compile_forward: bool = False) -> dict[str, Any]:
     """Train an AutoencoderKLWan from scratch or from ``config.init`` (with 0 steps: take it as it is), save it to ``out``
@@ -128,6 +163,7 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
     if not train_episodes:
         raise ValueError("train-vae: the dataset has no training episodes")
     main, mine = distributed.is_main(), distributed.rows(config.batch_size, "vae.batch_size")
+    teacher = None  # a light decoder's: vae.init, when vae.decoder_base_dim narrows its decoder
     as_is = config.steps == 0  # with vae.init (VAEConfig.validate)
     if as_is and not config.init:
         raise ValueError("vae.steps=0 takes vae.init as it is: set vae.init to a VAE folder, or train (vae.steps >= 1)")
@@ -136,14 +172,18 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
         steps_done, losses, first, train_seconds, curve = 0, [], 0, 0.0, []
     else:
         torch.manual_seed(seed)
-        vae = (vae_lib.load_vae(config.init).train() if config.init else vae_lib.build_vae(config)).to(device)
+        vae = vae_lib.load_vae(config.init).train() if config.init else vae_lib.build_vae(config)
+        if config.init and config.decoder_base_dim and config.decoder_base_dim != vae_lib.decoder_width(vae):
+            teacher = vae.to(device).eval().requires_grad_(False)
+            vae = vae_lib.narrow_decoder(teacher, config.decoder_base_dim).train()
+        vae = vae.to(device)
         image_size = int(episode_frames(train_episodes[0]).shape[1])
         factor = vae_lib.spatial_factor(vae)
         if image_size % factor:
             raise ValueError(f"frames of {image_size}x{image_size} are not divisible by the VAE's {factor}x spatial compression")
         distributed.broadcast_parameters(vae)
         distributed.seed_per_rank(seed)  # the posterior's noise: each rank its own
-        optimizer = make_optimizer(vae.parameters(), config.lr, 0.0, device)
+        optimizer = make_optimizer([p for p in vae.parameters() if p.requires_grad], config.lr, 0.0, device)
         budget = TrainingBudget(config.steps, config.time_limit_s)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, budget.lr_factor)
         generator = torch.Generator(device=device).manual_seed(seed)
@@ -158,14 +198,16 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
         losses = []
         vae.train()
         budget.started, done, first = time.time(), step, step
-        forward = torch.compile(vae_forward) if compile_forward else vae_forward
+        forward = vae_forward if teacher is None else distill_forward
+        forward = torch.compile(forward) if compile_forward else forward
         bar = progress(range(step, config.steps), initial=step, total=config.steps, desc="train-vae", disable=not main)
         curve, tenths = [], int(10 * budget.fraction(step))  # held-out PSNR at each tenth of the budget: how it grows with time
         for step in bar:
             if budget.out_of_time():  # checked first: a resumed run whose time is spent takes no step
                 break
             frames = store.sample(config.batch_size, VAE_CLIP_FRAMES, generator, mine)
-            loss, l1, kl = vae_loss(forward, vae, vae_lib.frames_to_pixels(frames))
+            pixels = vae_lib.frames_to_pixels(frames)
+            loss, l1, kl = vae_loss(forward, vae, pixels) if teacher is None else distill_loss(forward, vae, teacher, pixels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             distributed.average_gradients(vae.parameters())
@@ -195,7 +237,7 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
         save_checkpoint(out, steps_done, {"vae": vae}, stateful, extra={"seconds": budget.seconds()})
         writer.close()
         vae.eval()
-        if main:
+        if main and teacher is None:  # a light decoder decodes its teacher's latents: their statistics stay the teacher's
             mean, std = latent_statistics(vae, train_episodes, device)
             vae.register_to_config(latents_mean=mean, latents_std=std)
     if not main:  # rank 0 measures and saves the VAE; the others return what it measured
@@ -214,7 +256,12 @@ def train_vae(config: VAEConfig, train_episodes: Sequence[EpisodeLike], held_out
         "spatial_compression": vae_lib.spatial_factor(vae),
         "latent_channels": int(vae.config.z_dim),
         "image_size": None if as_is else int(episode_frames(train_episodes[0]).shape[1]),  # the frames it learned (train-wm checks)
+        "decoder_base_dim": vae_lib.decoder_width(vae),
+        "decoder_parameters_millions": sum(p.numel() for p in vae.decoder.parameters()) / 1e6,
     }
+    if teacher is not None:
+        metrics["teacher"] = {"vae": str(config.init), "decoder_base_dim": vae_lib.decoder_width(teacher),
+                              "held_out_psnr_vs_teacher": teacher_agreement(vae, teacher, held_out or train_episodes, device)}  # fmt: skip
     vae.save_pretrained(str(out), safe_serialization=True)
     atomic_write_json(out / "metrics.json", metrics)
     return distributed.broadcast_object(metrics)

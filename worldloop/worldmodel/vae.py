@@ -43,10 +43,48 @@ def vae_architecture(size: str, spatial_downsamples: int = 3) -> dict:
 
 
 def build_vae(config: VAEConfig):
-    """A randomly initialised ``AutoencoderKLWan`` of ``config.size``."""
+    """A randomly initialised ``AutoencoderKLWan`` of ``config.size`` (its decoder ``config.decoder_base_dim`` wide)."""
     from diffusers import AutoencoderKLWan
 
-    return AutoencoderKLWan(**vae_architecture(config.size, config.spatial_downsamples))
+    return AutoencoderKLWan(**vae_architecture(config.size, config.spatial_downsamples), decoder_base_dim=config.decoder_base_dim)
+
+
+ENCODING = ("encoder.", "quant_conv.")
+"""The parameters that turn frames into latents: a light decoder's VAE keeps its teacher's."""
+
+
+def decoder_width(vae) -> int:
+    """Channels of the decoder's first stage (diffusers' ``decoder_base_dim``, which defaults to ``base_dim``)."""
+    return int(vae.config.decoder_base_dim or vae.config.base_dim)
+
+
+def narrow_decoder(teacher, decoder_base_dim: int):
+    """A VAE with ``teacher``'s encoder (its weights, frozen) and latent statistics and a new, randomly initialised
+    decoder ``decoder_base_dim`` wide: what `train-vae` distils into a light decoder of ``teacher``'s latents."""
+    from diffusers import AutoencoderKLWan
+
+    config = {k: v for k, v in teacher.config.items() if not k.startswith("_")} | {"decoder_base_dim": decoder_base_dim}
+    light = AutoencoderKLWan.from_config(config).to(next(teacher.parameters()).device)
+    encoding = {k: v for k, v in teacher.state_dict().items() if k.startswith(ENCODING)}
+    missing = [k for k in light.load_state_dict(encoding, strict=False).missing_keys if k.startswith(ENCODING)]
+    if missing:
+        raise ValueError(f"the light decoder's VAE lacks {missing[:3]} of its teacher's encoder")
+    for name, parameter in light.named_parameters():
+        parameter.requires_grad_(not name.startswith(ENCODING))
+    return light
+
+
+def check_same_encoding(vae, reference, what: str) -> None:
+    """Refuse a VAE (a light decoder's, ``what``) that does not encode as ``reference`` does: latents of another
+    encoder, layout or normalisation would be decoded as if they were the reference's."""
+    for key in ("z_dim", "scale_factor_spatial", "scale_factor_temporal", "patch_size", "latents_mean", "latents_std"):
+        if vae.config[key] != reference.config[key]:
+            raise ValueError(f"{what} has {key} {str(vae.config[key])[:60]}, the world model's VAE {str(reference.config[key])[:60]}: "
+                             f"decode with a light decoder distilled from this world model's VAE (vae.init=WM/vae)")  # fmt: skip
+    theirs = vae.state_dict()
+    for name, tensor in reference.state_dict().items():
+        if name.startswith(ENCODING) and (name not in theirs or not torch.equal(theirs[name].to(tensor), tensor)):
+            raise ValueError(f"{what}'s encoder differs from the world model's VAE ({name}): it was not distilled from it")
 
 
 def load_vae(folder: str | Path):
