@@ -237,8 +237,8 @@ def mean_finite(values: torch.Tensor, weights: torch.Tensor) -> float:
 
 @torch.no_grad()
 def through_vae(model: WorldModel, first: torch.Tensor, real: torch.Tensor, batch_size: int = 64) -> torch.Tensor:
-    """The real frames 1..T (N, T, H, W, 3) encoded and decoded by the model's VAE chunk by chunk, as the world model
-    renders them: each chunk of ``model.chunk_size`` frames as one clip after the frame before it (the last chunk
+    """The real frames 1..T (N, T, H, W, 3) encoded by the model's VAE and decoded by its decoder chunk by chunk, as the
+    world model renders them: each chunk of ``model.chunk_size`` frames as one clip after the frame before it (the last chunk
     padded with its last frame). What the VAE alone keeps of them, in clips as short as those it learned."""
     from worldloop.worldmodel.vae import decode, encode
 
@@ -251,7 +251,8 @@ def through_vae(model: WorldModel, first: torch.Tensor, real: torch.Tensor, batc
     parts = []
     for start in range(0, len(windows), batch_size):
         with autocast(model.device):
-            parts.append(decode(model.vae, encode(model.vae, windows[start : start + batch_size].to(model.device)))[:, 1:].cpu())
+            latents = encode(model.vae, windows[start : start + batch_size].to(model.device))
+            parts.append(decode(getattr(model, "decoding_vae", model.vae), latents)[:, 1:].cpu())  # world_model.decoder's
     return torch.cat(parts).reshape(n, chunks * chunk, *real.shape[2:])[:, :length]
 
 
