@@ -79,3 +79,11 @@ def test_train_vae_distils_a_light_decoder_that_a_world_model_decodes_with(tmp_p
     model.use_decoder(tmp_path / "light")
     fast = imagine(model, episodes)
     assert fast.shape == own.shape and fast.dtype == torch.uint8 and not torch.equal(fast, own)
+
+
+@pytest.mark.parametrize("size, width, default", [("tiny", 8, 16), ("wan2.2-5b", 64, 256)])
+def test_build_vae_narrows_the_decoder_it_is_told_to(size, width, default):
+    """What `bench wm vae.decoder_base_dim=64` builds (on the meta device: shapes only); the size's own width by default."""
+    with torch.device("meta"):
+        assert vae_lib.decoder_width(vae_lib.build_vae(VAEConfig(size=size, decoder_base_dim=width))) == width
+        assert vae_lib.decoder_width(vae_lib.build_vae(VAEConfig(size=size))) == default

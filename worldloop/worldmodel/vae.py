@@ -46,7 +46,10 @@ def build_vae(config: VAEConfig):
     """A randomly initialised ``AutoencoderKLWan`` of ``config.size`` (its decoder ``config.decoder_base_dim`` wide)."""
     from diffusers import AutoencoderKLWan
 
-    return AutoencoderKLWan(**vae_architecture(config.size, config.spatial_downsamples), decoder_base_dim=config.decoder_base_dim)
+    architecture = vae_architecture(config.size, config.spatial_downsamples)
+    if config.decoder_base_dim is not None:  # else the size's own (the Wan2.2 VAE's 256, the encoder's elsewhere)
+        architecture["decoder_base_dim"] = config.decoder_base_dim
+    return AutoencoderKLWan(**architecture)
 
 
 ENCODING = ("encoder.", "quant_conv.")
