@@ -189,11 +189,11 @@ class WorldModel:
     def use_decoder(self, folder: str | Path | None) -> None:
         """Decode imagined frames with the VAE in ``folder`` (a light decoder distilled from this model's VAE: its
         encoder and latent statistics must be this model's, which is checked), or with the model's own (None)."""
-        self.decoding_vae = self.vae
-        if folder is not None:
-            light = vae_lib.load_vae(folder)
-            vae_lib.check_same_encoding(light, self.vae, f"decoder {folder}")
-            self.decoding_vae = light.to(self.device).eval()
+        decoding = self.vae
+        if folder is not None:  # checked before anything changes: a refused folder leaves the decoder in use as it was
+            decoding = vae_lib.load_vae(folder)
+            vae_lib.check_same_encoding(decoding, self.vae, f"decoder {folder}")
+        self.decoding_vae = decoding.to(self.device).eval()
         self.decoder = vae_lib.StreamingDecoder(self.decoding_vae)
         self.spec["decoder"] = None if folder is None else str(folder)
 
